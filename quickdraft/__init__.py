@@ -1,0 +1,1 @@
+"""quickdraft: lossless speculative decoding."""

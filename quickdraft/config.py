@@ -1,0 +1,76 @@
+"""Frozen, validated configuration objects.
+
+`SamplingParams` says how tokens are chosen for one request, `SpecConfig` how speculation is done,
+`EngineConfig` which models are loaded and how. Each validates itself in `__post_init__` and raises
+`UsageError` with a one-line message naming the bad field and the valid range.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from quickdraft.errors import UsageError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+Runtime = Literal["auto", "native", "hf"]
+DType = Literal["float32", "bfloat16"]
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen; applied identically to target and draft distributions."""
+
+    temperature: float = 0.0  # 0 means greedy (argmax); > 0 scales logits before softmax
+    top_k: int = 0  # keep only the k most likely tokens; 0 disables
+    top_p: float = 1.0  # keep the smallest set of tokens whose mass reaches top_p; 1 disables
+    seed: int | None = None  # seeds the request's own torch.Generator; None draws a fresh seed
+    max_new_tokens: int = 128  # hard cap on generated tokens
+    stop: tuple[str, ...] = ()  # text-level stop strings; the stop text is not returned
+    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
+
+    def __post_init__(self) -> None:
+        _require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}; use 0 for greedy")
+        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}; use 0 to disable top-k")
+        _require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}; use 1 to disable top-p")
+        _require(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _require(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How speculation is done for a request."""
+
+    drafter: str = "ngram"  # "none", "ngram", or a same-tokenizer draft model (name or path)
+    k: int = 4  # maximum number of draft tokens verified per target forward; 0 disables drafting
+    ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up
+    ngram_min: int = 1  # ngram drafter: shortest suffix of the context to look up
+
+    def __post_init__(self) -> None:
+        _require(self.k >= 0, f"k must be >= 0, got {self.k}; use 0 to disable drafting")
+        _require(self.k <= 64, f"k must be <= 64, got {self.k}")
+        _require(1 <= self.ngram_min <= self.ngram_max, "ngram sizes need 1 <= ngram_min <= ngram_max")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which target model is loaded, with which runtime, dtype and device."""
+
+    model: str = DEFAULT_MODEL  # built-in name, local HF directory, .gguf file, or hub id
+    runtime: Runtime = "auto"  # "auto" picks the native runner when the architecture has one
+    dtype: DType = "float32"
+    device: str = "cpu"
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        _require(self.runtime in ("auto", "native", "hf"), f"runtime must be auto, native or hf, got {self.runtime!r}")
+        _require(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        _require(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")

@@ -1,0 +1,1 @@
+"""Model loading (registry, local directories, GGUF files) and runners."""
