@@ -1,0 +1,215 @@
+"""The speculative decoding loop and the Python API.
+
+    engine = Engine.from_names("smollm2-135m-instruct", drafter="ngram", k=4)
+    result = engine.generate("Tell me a story", SamplingParams(max_new_tokens=64), chat=True)
+    print(result.text, result.stats.mean_accepted_length)
+    for event in engine.stream("Hello", SamplingParams(temperature=0.7, seed=1)):
+        ...  # TextDelta events, then one Finished event
+
+One step: the drafter proposes k tokens; the target runs one forward over the pending token
+plus the draft; the verifier keeps a prefix of the draft and adds one target token; both caches
+are rolled back to the committed length. The target cache always holds every committed token
+except the newest one (the *pending* token), which is fed with the next draft.
+"""
+
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator, Literal
+
+import torch
+
+from quickdraft import sampling
+from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecConfig
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, make_drafter
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.stats import GenerationStats
+from quickdraft.text import IncrementalDetokenizer, Messages, StopMatcher, encode_prompt
+from quickdraft.verify import Verdict, greedy_verify, rejection_sample
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New output text, safe to show (never part of a stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a stream."""
+
+    text: str  # the whole output text
+    token_ids: tuple[int, ...]  # the output tokens (EOS excluded)
+    finish_reason: FinishReason  # "stop": EOS or a stop string; "length": max_new_tokens or context full
+    stats: GenerationStats
+
+
+Event = TextDelta | Finished
+
+
+class Engine:
+    """A target model, its drafters, and the loop that runs them."""
+
+    def __init__(self, target: LoadedModel, spec: SpecConfig = SpecConfig(), drafter_options: DrafterLoadOptions = DrafterLoadOptions()) -> None:
+        self.target = target
+        self.spec = spec
+        self.drafter_options = drafter_options
+        self._drafters: dict[str, Drafter] = {}
+
+    @classmethod
+    def from_names(
+        cls, model: str = DEFAULT_MODEL, drafter: str = "ngram", k: int = 4, runtime: str = "auto",
+        dtype: str = "float32", device: str = "cpu", threads: int | None = None,
+    ) -> "Engine":
+        """Load a target by name or path and prepare a drafter (see `SpecConfig` for drafter names)."""
+        config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
+        spec = SpecConfig(drafter=drafter, k=k)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)
+        engine = cls(target, spec, DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device))
+        engine.drafter(spec.drafter)
+        return engine
+
+    def drafter(self, name: str) -> Drafter:
+        """The drafter called `name`, built on first use and kept for later requests."""
+        if name not in self._drafters:
+            self._drafters[name] = make_drafter(name, self.target, self.spec, self.drafter_options)
+        return self._drafters[name]
+
+    def encode(self, prompt: str | Messages, chat: bool = False) -> list[int]:
+        return encode_prompt(self.target.tokenizer, prompt, chat, self.target.info.name)
+
+    def generate(self, prompt: str | Messages | list[int], params: SamplingParams = SamplingParams(), *, chat: bool = False, spec: SpecConfig | None = None) -> Finished:
+        """Run to completion; returns the `Finished` event (text, tokens, finish reason, stats)."""
+        for event in self.stream(prompt, params, chat=chat, spec=spec):
+            if isinstance(event, Finished):
+                return event
+        raise AssertionError("stream ended without a Finished event")
+
+    def stream(self, prompt: str | Messages | list[int], params: SamplingParams = SamplingParams(), *, chat: bool = False, spec: SpecConfig | None = None) -> Iterator[Event]:
+        """Yield `TextDelta` events as text is committed, then one `Finished` event.
+
+        `prompt` is text (rendered through the chat template when `chat`), chat messages, or
+        token ids. Closing the iterator early stops generation after the current step.
+        """
+        prompt_ids = list(prompt) if _is_token_ids(prompt) else self.encode(prompt, chat)
+        self._check_fits(prompt_ids)
+        spec = spec or self.spec
+        return self._run(prompt_ids, params, spec, self.drafter(spec.drafter))
+
+    def with_spec(self, **changes) -> SpecConfig:
+        """This engine's default SpecConfig with some fields replaced (validated)."""
+        return replace(self.spec, **changes)
+
+    def _check_fits(self, prompt_ids: list[int]) -> None:
+        limit = self.target.info.max_context
+        if not prompt_ids:
+            raise UsageError("the prompt is empty; pass some text to continue")
+        if len(prompt_ids) >= limit:
+            raise UsageError(f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}; shorten the prompt")
+
+    def _run(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig, drafter: Drafter) -> Iterator[Event]:
+        runner = self.target.runner
+        budget = min(params.max_new_tokens, runner.info.max_context - len(prompt_ids))
+        request = _Request(self.target, prompt_ids, params, budget)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        generator = sampling.make_generator(params.seed, runner.device)
+        drafter.begin(prompt_ids, params, generator)
+        started = time.perf_counter()
+        first = sampling.choose(runner.prefill(prompt_ids)[None], params, generator)  # [1]
+        stats.target_forwards = 1
+        request.commit((int(first),))
+        stats.prefill_seconds = time.perf_counter() - started
+        yield from request.deltas()
+        while not request.finish_reason:
+            self._step(request, drafter, spec.k, generator, stats)
+            yield from request.deltas()
+        stats.generated_tokens = len(request.generated)
+        stats.total_seconds = time.perf_counter() - started
+        yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
+
+    def _step(self, request: "_Request", drafter: Drafter, max_k: int, generator: torch.Generator, stats: GenerationStats) -> None:
+        runner = self.target.runner
+        k = min(max_k, request.remaining - 1)
+        started = time.perf_counter()
+        draft = drafter.propose(request.context, k) if k > 0 else Draft(token_ids=())
+        drafted = time.perf_counter()
+        committed_length = runner.cache_length
+        logits = runner.forward([request.pending, *draft.token_ids])  # [len(draft) + 1, vocab]
+        verdict = _verify(draft, logits, request.params, generator)
+        runner.rollback(committed_length + 1 + verdict.num_accepted)
+        stats.draft_seconds += drafted - started
+        stats.verify_seconds += time.perf_counter() - drafted
+        stats.record_step(len(draft), verdict.num_accepted)
+        request.commit(verdict.tokens)
+
+
+def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
+    draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)  # [k]
+    if params.greedy:
+        return greedy_verify(draft_ids, target_logits)
+    return rejection_sample(draft_ids, draft.probs, sampling.warp(target_logits, params), generator)
+
+
+def _is_token_ids(prompt: object) -> bool:
+    return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and bool(prompt)
+
+
+class _Request:
+    """Committed output of one request: tokens, text, stop handling, what has been streamed."""
+
+    def __init__(self, target: LoadedModel, prompt_ids: list[int], params: SamplingParams, budget: int) -> None:
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.budget = budget  # most tokens this request may generate (max_new_tokens and context)
+        self.generated: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        self._eos = frozenset() if params.ignore_eos else target.info.eos_token_ids
+        self._detokenizer = IncrementalDetokenizer(target.tokenizer)
+        self._stop = StopMatcher(params.stop)
+        self._text_end: int | None = None  # set when a stop string cuts the text
+        self._streamed = 0  # characters already handed out as deltas
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.generated
+
+    @property
+    def pending(self) -> int:
+        return self.generated[-1]
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.generated)
+
+    def commit(self, tokens: tuple[int, ...]) -> None:
+        """Append tokens one by one until EOS, a stop string or the budget ends the request."""
+        for token in tokens:
+            if token in self._eos:
+                self.finish_reason = "stop"
+                return
+            self.generated.append(token)
+            new_from = len(self._detokenizer.text)
+            self._detokenizer.add(token)
+            stop_at = self._stop.find(self._detokenizer.text, new_from)
+            if stop_at is not None:
+                self._text_end = stop_at
+                self.finish_reason = "stop"
+                return
+            if self.remaining == 0:
+                self.finish_reason = "length"
+                return
+
+    def visible_text(self) -> str:
+        return self._detokenizer.text[: self._text_end]
+
+    def deltas(self) -> Iterator[TextDelta]:
+        text = self.visible_text()
+        end = len(text) if self.finish_reason else self._stop.safe_length(text)
+        if end > self._streamed:
+            yield TextDelta(text[self._streamed : end])
+            self._streamed = end

@@ -1,0 +1,63 @@
+"""The transformers fallback runner: any `AutoModelForCausalLM`, with a `DynamicCache`.
+
+Rollback crops the cache (`DynamicCache.crop`), which slices tensors: correct for every
+architecture transformers supports, but not O(1). The native runners are the fast path. The
+cache is built without the model config, so every layer keeps its full history (sliding-window
+layers included) and the model's own attention masks apply the window; this is what lets a
+sliding-window layer be cropped back after its window has filled.
+"""
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from quickdraft.models.base import ModelInfo
+
+
+class HFRunner:
+    """`ModelRunner` over a transformers causal LM, batch 1."""
+
+    def __init__(self, model: PreTrainedModel, info: ModelInfo) -> None:
+        self.model = model.eval()
+        self.info = info
+        self.device = model.device
+        self._cache = DynamicCache()
+
+    @property
+    def cache_length(self) -> int:
+        return self._cache.get_seq_length()
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False):
+        self._cache = DynamicCache()
+        logits, hidden = self._run(token_ids, logits_to_keep=1, return_hidden=return_hidden)
+        return (logits[-1], hidden) if return_hidden else logits[-1]
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False):
+        logits, hidden = self._run(token_ids, logits_to_keep=0, return_hidden=return_hidden)
+        return (logits, hidden) if return_hidden else logits
+
+    def rollback(self, length: int) -> None:
+        surplus = self.cache_length - length
+        if surplus < 0:
+            raise ValueError(f"cannot roll back to {length}: only {self.cache_length} tokens are cached")
+        if surplus:
+            self._cache.crop(-surplus)
+
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int, return_hidden: bool):
+        start = self.cache_length
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
+        positions = torch.arange(start, start + input_ids.shape[1], device=self.device)  # [n]
+        out = self.model(
+            input_ids=input_ids,
+            cache=self._cache,
+            use_cache=True,
+            position_ids=positions[None],
+            logits_to_keep=logits_to_keep,
+            output_hidden_states=return_hidden,
+        )
+        logits = out.logits[0].float()  # [n or 1, vocab]
+        hidden = out.hidden_states[-1][0] if return_hidden else None  # [n, hidden]
+        return logits, hidden

@@ -1,0 +1,113 @@
+"""Loading a model directory into a runner plus its tokenizer.
+
+`load_model(name_or_path)` resolves a built-in name, local directory, GGUF file or hub id to a
+local directory of safetensors (see `store.local_model_dir`), then builds the runner: the native
+runner when the architecture has one (unless `runtime="hf"`), else the transformers fallback.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from quickdraft.config import DType, Runtime
+from quickdraft.errors import ModelError, UsageError
+from quickdraft.models.base import ModelInfo, ModelRunner
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A runner with the tokenizer that goes with it."""
+
+    runner: ModelRunner
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.runner.info
+
+
+def load_model(name_or_path: str, runtime: Runtime = "auto", dtype: DType = "float32", device: str = "cpu") -> LoadedModel:
+    """Resolve a model name or path (fetching and converting built-ins once) and load it."""
+    from quickdraft.models.store import local_model_dir
+
+    return load_model_dir(local_model_dir(name_or_path), runtime=runtime, dtype=dtype, device=device, name=name_or_path)
+
+
+def load_model_dir(
+    model_dir: Path, runtime: Runtime = "auto", dtype: DType = "float32", device: str = "cpu", name: str | None = None
+) -> LoadedModel:
+    """Load a local directory holding config.json, safetensors weights and tokenizer files."""
+    model_dir = Path(model_dir)
+    name = name or str(model_dir)
+    tokenizer = _load_tokenizer(model_dir)
+    runner = _build_runner(model_dir, runtime, dtype, device, name, tokenizer)
+    return LoadedModel(runner=runner, tokenizer=tokenizer)
+
+
+def _load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer in {model_dir}: {exc}; re-fetch or convert the model") from exc
+
+
+def _build_runner(
+    model_dir: Path, runtime: Runtime, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase
+) -> ModelRunner:
+    if runtime in ("auto", "native"):
+        from quickdraft.models.native import native_runner_for
+
+        runner = native_runner_for(model_dir, dtype=dtype, device=device)
+        if runner is not None:
+            return runner
+        if runtime == "native":
+            architecture = read_config(model_dir).get("architectures", ["?"])[0]
+            raise UsageError(f"no native runner for architecture {architecture}; use --runtime hf or auto")
+    return _hf_runner(model_dir, dtype, device, name, tokenizer)
+
+
+def _hf_runner(model_dir: Path, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase) -> ModelRunner:
+    from quickdraft.models.hf_runner import HFRunner
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), use_safetensors=True)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load model weights from {model_dir}: {exc}") from exc
+    model.to(device)
+    return HFRunner(model, model_info(model_dir, name, vocab_size=model.config.get_text_config().vocab_size))
+
+
+def read_config(model_dir: Path) -> dict:
+    """The model's config.json as a dict."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read {model_dir}/config.json: {exc}") from exc
+
+
+def model_info(model_dir: Path, name: str, vocab_size: int) -> ModelInfo:
+    """ModelInfo from config.json and generation_config.json (eos ids from both)."""
+    config = read_config(model_dir)
+    text_config = config.get("text_config", config)
+    return ModelInfo(
+        name=name,
+        architecture=config.get("architectures", ["unknown"])[0],
+        vocab_size=vocab_size,
+        max_context=int(text_config.get("max_position_embeddings", 2048)),
+        eos_token_ids=frozenset(_eos_ids(config) | _eos_ids(_generation_config(model_dir))),
+    )
+
+
+def _generation_config(model_dir: Path) -> dict:
+    path = Path(model_dir) / "generation_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _eos_ids(config: dict) -> set[int]:
+    eos = config.get("eos_token_id")
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {int(eos)}

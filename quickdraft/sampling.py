@@ -1,0 +1,63 @@
+"""Turning logits into token probabilities, identically for target and draft.
+
+`warp` applies temperature, top-k and top-p to logits and returns probabilities. The same
+function with the same `SamplingParams` is used on the target's and the draft's logits, so the
+rejection sampler compares like with like. Greedy decoding (temperature 0) never samples: it
+takes the argmax, and `warp` returns the one-hot distribution of that argmax.
+
+Randomness comes only from a per-request `torch.Generator` (`make_generator`), never from the
+global RNG, so a request with a seed is reproducible whatever else runs in the process.
+"""
+
+import secrets
+
+import torch
+
+from quickdraft.config import SamplingParams
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A private RNG for one request; a fresh random seed when `seed` is None."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else secrets.randbits(63))
+    return generator
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Logits [n, vocab] -> probabilities [n, vocab] float32 under temperature, top-k, top-p."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        logits = _mask_outside_top_k(logits, params.top_k)
+    if params.top_p < 1.0:
+        logits = _mask_outside_top_p(logits, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def _mask_outside_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # [n, 1]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def _mask_outside_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of tokens (by descending probability) whose mass reaches top_p."""
+    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True)  # [n, vocab]
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [n, vocab]
+    drop_sorted = mass_before >= top_p  # the first token always survives
+    drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_ids, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row from probabilities [n, vocab] -> token ids [n] (int64)."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Pick one token per row of logits [n, vocab] -> [n]: argmax when greedy, else a warped sample."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    return sample(warp(logits, params), generator)

@@ -1,0 +1,81 @@
+"""What speculation did during one generation, and derived rates."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timers of one generation; filled in by the engine as it runs.
+
+    A *step* is one target forward after the prefill: it verifies `drafted` tokens (0 for plain
+    decoding) and yields `accepted + 1` tokens (before truncation by EOS, stop strings or limits).
+    """
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0  # tokens in the output (EOS and text cut by a stop string excluded)
+    target_forwards: int = 0  # the prefill plus one per step
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)  # [i]: steps that drafted a token at position i
+    accepted_by_position: list[int] = field(default_factory=list)  # [i]: steps that accepted a token at position i
+    accepted_length_histogram: list[int] = field(default_factory=list)  # [n]: steps that accepted exactly n tokens
+    prefill_seconds: float = 0.0  # prompt forward and first token: time to first token
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0  # target forwards of the steps plus verification
+    total_seconds: float = 0.0
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.target_forwards += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        _grow(self.drafted_by_position, drafted)
+        _grow(self.accepted_by_position, drafted)
+        _grow(self.accepted_length_histogram, accepted + 1)
+        for position in range(drafted):
+            self.drafted_by_position[position] += 1
+        for position in range(accepted):
+            self.accepted_by_position[position] += 1
+        self.accepted_length_histogram[accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens gained per step, the target's own token included (1.0 for plain decoding)."""
+        return (self.accepted_tokens + self.steps) / self.steps if self.steps else 1.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "target_forwards": self.target_forwards,
+            "steps": self.steps,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_by_position": self.acceptance_by_position,
+            "accepted_length_histogram": list(self.accepted_length_histogram),
+            "time_to_first_token": self.prefill_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "total_seconds": self.total_seconds,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+def _grow(counts: list[int], size: int) -> None:
+    counts.extend([0] * (size - len(counts)))

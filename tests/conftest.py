@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+from quickdraft.models.loading import load_model_dir
+from tests.tiny_models import gemma3_config, llama_config, save_tiny_model
+
+TINY_VOCAB = 320
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Saved tiny models: two Llama targets with different seeds and a Gemma 3 with a short sliding window."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "llama": save_tiny_model(root / "llama", llama_config(TINY_VOCAB), seed=0),
+        "llama-other": save_tiny_model(root / "llama-other", llama_config(TINY_VOCAB, num_hidden_layers=1), seed=1),
+        "gemma3": save_tiny_model(root / "gemma3", gemma3_config(TINY_VOCAB), seed=2),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    """The tiny models loaded with the transformers runner."""
+    return {name: load_model_dir(path, runtime="hf", name=name) for name, path in tiny_dirs.items()}
