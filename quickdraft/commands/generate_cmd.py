@@ -1,0 +1,115 @@
+"""`quickdraft generate`: one streamed speculative generation, with stats and an optional comparison."""
+
+import argparse
+import json
+import sys
+
+from quickdraft.config import DEFAULT_MODEL, SamplingParams, SpecConfig
+from quickdraft.engine import Engine, Finished, TextDelta
+from quickdraft.errors import UsageError
+from quickdraft.stats import GenerationStats
+
+WARMUP_TOKENS = 4  # a short untimed run first, so neither timed run pays one-time start-up costs
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate text with speculative decoding",
+        description="Generate text with speculative decoding; the output is exactly what the target alone would write.",
+    )
+    parser.add_argument("prompt", help="the prompt text (use --chat to wrap it in the model's chat template)")
+    add_model_arguments(parser)
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
+    parser.add_argument("--seed", type=int, default=None, help="seed of this request's RNG, for reproducible sampling")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable); it is not printed")
+    parser.add_argument("--chat", action="store_true", help="format the prompt as a user message with the model's chat template")
+    parser.add_argument("--compare", action="store_true", help="also run the target alone, then print the speedup and whether outputs are identical")
+    parser.add_argument("--json", action="store_true", help="print one JSON object {text, stats} instead of streaming")
+    parser.set_defaults(func=run)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
+    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), or a same-tokenizer draft model name/path (default ngram)")
+    parser.add_argument("--k", type=int, default=4, help="most draft tokens verified per target forward (default 4)")
+    parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype of the models (default float32)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
+    prompt_ids = engine.encode(args.prompt, chat=args.chat)
+    if args.compare:
+        engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS))
+    result = engine.generate(prompt_ids, params) if args.json else _stream_to_stdout(engine, prompt_ids, params)
+    baseline = engine.generate(prompt_ids, params, spec=engine.with_spec(drafter="none")) if args.compare else None
+    if args.json:
+        print(json.dumps(_json_report(result, baseline)))
+    else:
+        _print_report(result, baseline)
+    return 0
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    if not args.prompt.strip():
+        raise UsageError("the prompt is empty; pass some text to continue")
+    SpecConfig(drafter=args.drafter, k=args.k)  # validate before loading models
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
+    )
+
+
+def _stream_to_stdout(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Finished:
+    for event in engine.stream(prompt_ids, params):
+        if isinstance(event, TextDelta):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        else:
+            sys.stdout.write("\n")
+            return event
+    raise AssertionError("stream ended without a Finished event")
+
+
+def _json_report(result: Finished, baseline: Finished | None) -> dict:
+    report = {"text": result.text, "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+    if baseline is not None:
+        report["stats"]["baseline_tokens_per_second"] = baseline.stats.tokens_per_second
+        report.update(
+            baseline_text=baseline.text,
+            identical=baseline.token_ids == result.token_ids,
+            speedup=_speedup(result.stats, baseline.stats),
+        )
+    return report
+
+
+def _speedup(spec: GenerationStats, baseline: GenerationStats) -> float:
+    return spec.tokens_per_second / baseline.tokens_per_second if baseline.tokens_per_second else 0.0
+
+
+def _print_report(result: Finished, baseline: Finished | None) -> None:
+    stats = result.stats
+    positions = " ".join(f"{rate:.2f}" for rate in stats.acceptance_by_position) or "-"
+    lines = [
+        "",
+        f"--- {stats.generated_tokens} tokens in {stats.total_seconds:.2f} s: {stats.tokens_per_second:.1f} tok/s "
+        f"(finish: {result.finish_reason})",
+        f"target forwards {stats.target_forwards}, drafted {stats.draft_tokens}, accepted {stats.accepted_tokens} "
+        f"(acceptance {stats.acceptance_rate:.1%}), mean accepted length tau {stats.mean_accepted_length:.2f}",
+        f"acceptance by draft position: {positions}",
+        f"accepted-length histogram (0..k): {stats.accepted_length_histogram}",
+        f"time: first token {stats.prefill_seconds * 1000:.0f} ms, drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s",
+    ]
+    if baseline is not None:
+        identical = baseline.token_ids == result.token_ids
+        lines.append(
+            f"target alone: {baseline.stats.tokens_per_second:.1f} tok/s -> speedup {_speedup(stats, baseline.stats):.2f}x, "
+            f"outputs {'identical' if identical else 'DIFFERENT'}"
+        )
+    print("\n".join(lines))
