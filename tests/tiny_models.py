@@ -20,14 +20,14 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<bos>", "<eos>", "<pad>", "<|end|>"]
 
 
-def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int = 320, corpus: list[str] = CORPUS) -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    tokenizer.train_from_iterator(CORPUS * 4, trainer)
+    tokenizer.train_from_iterator(corpus * 4, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
