@@ -1,7 +1,12 @@
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 
 from quickdraft.models.loading import load_model_dir
+from quickdraft.models.store import local_model_dir
 from tests.tiny_models import gemma3_config, llama_config, save_tiny_model
 
 TINY_VOCAB = 320
@@ -24,3 +29,10 @@ def tiny_dirs(tmp_path_factory):
 def tiny_models(tiny_dirs):
     """The tiny models loaded with the transformers runner."""
     return {name: load_model_dir(path, runtime="hf", name=name) for name, path in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def builtin_model_dir() -> Callable[[str], Path]:
+    """Factory: `builtin_model_dir("smollm2-135m-instruct")` is the converted directory of a built-in model,
+    fetched and converted on first use (into $QUICKDRAFT_CACHE or ~/.cache/quickdraft). For real_model tests."""
+    return functools.cache(lambda name: local_model_dir(name, progress=False))
