@@ -63,7 +63,7 @@ def local_model_dir(name_or_path: str, *, progress: bool = True) -> Path:
     if path.is_file():
         return _converted_local_gguf(path, progress=progress)
     if name_or_path.endswith(".gguf") or name_or_path.startswith(("/", ".", "~")):
-        raise ModelError(f"no such file or directory: {name_or_path}")
+        raise ModelError(f"no such file or directory: {name_or_path}; check the path, or use a built-in name (quickdraft models list)")
     if "/" in name_or_path:
         return _hub_snapshot(name_or_path)
     raise UsageError(
