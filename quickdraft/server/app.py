@@ -129,7 +129,9 @@ async def _answer(
         stream = responses.sse_stream(form, header, _job_events(job), spec, include_usage)
         return _JobStreamingResponse(stream, worker, job, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     finished = await _result_unless_disconnected(job, worker, request)
-    return JSONResponse(responses.completion(form, header, finished, spec)) if finished else Response(status_code=499)
+    if finished is None:
+        return Response(status_code=499)  # "client closed request": nobody is left to read it
+    return JSONResponse(responses.completion(form, header, finished, spec))
 
 
 async def _job_events(job: Job) -> AsyncIterator[TextDelta | Finished]:
