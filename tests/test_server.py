@@ -6,16 +6,21 @@ disconnects, a burst beyond the queue, a bounded load test and a SIGTERM shutdow
 """
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine
+from quickdraft.models.loading import load_model_dir
+from quickdraft.server import bench_client
 from tests.server_process import ServerProcess, start_server
 
 API_KEY = "test-key-123"
@@ -279,6 +284,14 @@ def test_disconnect_mid_stream_cancels_the_generation(server):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
+def test_client_giving_up_on_a_whole_response_cancels_the_generation(server):
+    aborted = 'quickdraft_request_success_total{finished_reason="abort"}'
+    before = server.metrics()[aborted]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}{TEXT}", json=long_request(), headers=KEY, timeout=httpx.Timeout(10, read=0.2))
+    assert wait_for_idle(server)[aborted] == before + 1
+
+
 def test_burst_beyond_the_queue_gets_429_and_nothing_hangs(server):
     rejected = 'quickdraft_request_rejected_total{reason="queue_full"}'
     before = server.metrics()[rejected]
@@ -331,6 +344,18 @@ def test_bounded_load_test_has_no_errors(server):
     wait_for_idle(server)
 
 
+def test_bench_client_compares_speculation_on_the_server(server, capsys):
+    command = ["stream", "--prompt", "The dog sleeps. The dog", "--max-tokens", "8", "--rounds", "1"]
+    assert bench_client.main(["--url", server.base_url, "--api-key", API_KEY, "--model", "tiny", *command]) == 0
+    assert "outputs identical: True" in capsys.readouterr().out
+
+
+def test_bench_client_load_test_passes_on_the_server(server, capsys):
+    command = ["load", "--clients", "2", "--requests", "3", "--max-tokens", "4"]
+    assert bench_client.main(["--url", server.base_url, "--api-key", API_KEY, "--model", "tiny", *command]) == 0
+    assert "statuses {200: 6}; valid 6/6" in capsys.readouterr().out
+
+
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
     server = start_server(tiny_dirs["llama"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1")
     lines: list[str] = []
@@ -349,3 +374,30 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
     assert lines[-1] == "data: [DONE]"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.base_url}/health", timeout=2)
+
+
+def smollm2_dir() -> Path:
+    cache = Path(os.environ.get("QUICKDRAFT_CACHE") or "~/.cache/quickdraft").expanduser()
+    return cache / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not (smollm2_dir() / "config.json").exists(), reason="smollm2-135m-instruct is not converted yet")
+def test_real_model_stream_is_identical_to_the_engine(tmp_path):
+    messages = [{"role": "user", "content": "Rewrite in the past tense: The cat sits on the mat and looks at the bird."}]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the server's thread count, so both sides run the same kernels
+    try:
+        target = load_model_dir(smollm2_dir(), runtime="hf")
+        expected = Engine(target, SpecConfig(drafter="ngram", k=4)).generate(messages, SamplingParams(max_new_tokens=48), chat=True)
+    finally:
+        torch.set_num_threads(threads)
+    server = start_server(smollm2_dir(), tmp_path / "server.log", "--runtime", "hf", "--threads", "1", "--served-model-name", "smollm2")
+    try:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0, stream=True))
+    finally:
+        assert server.stop() == 0
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert chunks[-1].model_extra["speculation"]["accepted_tokens"] == expected.stats.accepted_tokens

@@ -85,7 +85,7 @@ def test_metrics_render_cumulative_histograms_and_per_position_counters():
     stats = GenerationStats(prompt_tokens=5, generated_tokens=11)
     stats.record_step(drafted=4, accepted=2)
     stats.record_step(drafted=4, accepted=4)
-    metrics.count_finished("length", stats, RequestTiming(arrived=0.0, first_token=0.03, finished=1.03))
+    metrics.count_finished("length", stats, RequestTiming(queued=0.0, first_token=0.03, finished=1.03))
     text = metrics.render(running=1, waiting=3)
     assert "quickdraft_num_requests_running 1\n" in text and "quickdraft_num_requests_waiting 3\n" in text
     assert 'quickdraft_request_success_total{finished_reason="length"} 1\n' in text

@@ -71,9 +71,9 @@ class ServerMetrics:
         self.draft_tokens = _Family("quickdraft_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", {(): 0.0})
         self.accepted_tokens = _Family("quickdraft_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted by the target.", {(): 0.0})
         self.accepted_per_pos = _Family("quickdraft_spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted draft tokens, by position in the draft (0 = first).")
-        self.ttft = _Histogram("quickdraft_time_to_first_token_seconds", "Arrival to first output text, queueing included.", TTFT_BUCKETS)
+        self.ttft = _Histogram("quickdraft_time_to_first_token_seconds", "Queueing to the first output text (waiting in the queue included).", TTFT_BUCKETS)
         self.tpot = _Histogram("quickdraft_time_per_output_token_seconds", "Time per output token after the first.", TPOT_BUCKETS)
-        self.e2e = _Histogram("quickdraft_e2e_request_latency_seconds", "Arrival to the last token.", E2E_BUCKETS)
+        self.e2e = _Histogram("quickdraft_e2e_request_latency_seconds", "Queueing to the last output token.", E2E_BUCKETS)
 
     def count_rejected(self, reason: str) -> None:
         with self._lock:
@@ -100,8 +100,8 @@ class ServerMetrics:
             self.accepted_tokens.add(stats.accepted_tokens)
             for position, accepted in enumerate(stats.accepted_by_position):
                 self.accepted_per_pos.add(accepted, (("position", str(position)),))
-            self.ttft.observe(timing.first_token - timing.arrived)
-            self.e2e.observe(timing.finished - timing.arrived)
+            self.ttft.observe(timing.first_token - timing.queued)
+            self.e2e.observe(timing.finished - timing.queued)
             if stats.generated_tokens > 1:
                 self.tpot.observe((timing.finished - timing.first_token) / (stats.generated_tokens - 1))
 
@@ -123,7 +123,7 @@ class ServerMetrics:
 class RequestTiming:
     """perf_counter() readings of one request."""
 
-    arrived: float  # the request was accepted by the HTTP handler
+    queued: float  # the request was queued for the engine
     first_token: float  # the first output text (or the end, for an empty output) was handed out
     finished: float
 

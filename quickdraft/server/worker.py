@@ -50,7 +50,7 @@ class Job:
         self.prompt_ids = prompt_ids
         self.params = params
         self.spec = spec
-        self.arrived = time.perf_counter()
+        self.queued = time.perf_counter()
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[JobEvent] = asyncio.Queue()
         self._cancelled = threading.Event()
@@ -153,7 +153,7 @@ class EngineWorker:
                     return
                 first_token = first_token or time.perf_counter()
                 if isinstance(event, Finished):
-                    self.metrics.count_finished(event.finish_reason, event.stats, RequestTiming(job.arrived, first_token, time.perf_counter()))
+                    self.metrics.count_finished(event.finish_reason, event.stats, RequestTiming(job.queued, first_token, time.perf_counter()))
                 job.emit(event)
         except Exception as exc:  # reported to the client as a 500; the worker keeps serving
             logger.exception("generation failed")
