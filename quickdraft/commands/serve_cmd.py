@@ -1,0 +1,122 @@
+"""`quickdraft serve`: an OpenAI-compatible HTTP server over one speculative engine.
+
+The server starts listening at once (GET /health answers 503 while the models load), loads the
+engine on a background thread, then prints where it serves. SIGTERM or Ctrl-C stop it
+gracefully: in-flight requests get `--shutdown-timeout` seconds to finish, then are cancelled.
+"""
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from quickdraft.commands.generate_cmd import add_model_arguments
+from quickdraft.config import SpecConfig
+from quickdraft.drafters.base import DrafterLoadOptions
+from quickdraft.engine import Engine
+from quickdraft.errors import ModelError, UsageError
+from quickdraft.models.loading import load_model_dir
+from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics).",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route except /health")
+    keys.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file (keeps it out of `ps`)")
+    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: the --model value)")
+    parser.add_argument("--max-queue", type=int, default=16, help="requests that may wait while one runs; more are answered 429 (default 16)")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"output tokens when a request sets no max_tokens (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies are answered 413 (default 1 MiB)")
+    parser.add_argument("--shutdown-timeout", type=int, default=10, help="seconds in-flight requests get to finish on SIGTERM (default 10)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn log level (default warning)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn  # imported here: the other commands need neither uvicorn nor FastAPI
+
+    from quickdraft.server import create_app
+
+    settings = server_settings(args)
+    SpecConfig(drafter=args.drafter, k=args.k)  # validate before listening
+    _check_port(args.port)
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level in ("debug", "info"),
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    ))
+    failure: list[Exception] = []
+    threading.Thread(target=_load_and_attach, args=(args, app, server, failure), name="quickdraft-loader", daemon=True).start()
+    signal.signal(signal.SIGTERM, _after_graceful_shutdown)
+    server.run()
+    if failure:
+        raise failure[0] if isinstance(failure[0], UsageError | ModelError) else ModelError(f"loading failed: {failure[0]}")
+    return 0
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        model_name=args.served_model_name or args.model, drafter=args.drafter, api_key=_api_key(args),
+        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, default_max_tokens=args.max_tokens,
+    )
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    """The engine for --model; a local directory is loaded as it is."""
+    if not Path(args.model).is_dir():
+        return Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    target = load_model_dir(Path(args.model), runtime=args.runtime, dtype=args.dtype, name=args.model)
+    engine = Engine(target, SpecConfig(drafter=args.drafter, k=args.k), DrafterLoadOptions(runtime=args.runtime, dtype=args.dtype))
+    engine.drafter(args.drafter)
+    return engine
+
+
+def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Exception]) -> None:
+    """Load the engine on this thread, then serve it; a failure stops the server."""
+    from quickdraft.server import attach_engine
+
+    try:
+        engine = build_engine(args)
+    except Exception as exc:  # any failure must stop the server, or /health would stay 503 forever
+        failure.append(exc)
+        server.should_exit = True
+        return
+    attach_engine(app, engine)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    key_note = "; send 'Authorization: Bearer KEY'" if args.api_key or args.api_key_file else ""
+    print(
+        f"quickdraft: serving {app.state.quickdraft.settings.model_name} (drafter {args.drafter}, k {args.k}) "
+        f"at http://{host}:{args.port}/v1{key_note}",
+        flush=True,
+    )
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    if args.api_key_file is None:
+        return args.api_key
+    try:
+        return args.api_key_file.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read the API key file {args.api_key_file}: {exc.strerror}; check the path") from exc
+
+
+def _check_port(port: int) -> None:
+    if not 0 < port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {port}")
+
+
+def _after_graceful_shutdown(signum: int, frame) -> None:
+    """uvicorn re-raises SIGTERM once its graceful shutdown is done; by then exiting 0 is right."""
+    print("quickdraft: stopped", file=sys.stderr, flush=True)

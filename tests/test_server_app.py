@@ -1,0 +1,141 @@
+"""The server's parts in process: loading state, the worker's queue, the metrics text format."""
+
+import asyncio
+import threading
+
+import pytest
+from starlette.testclient import TestClient
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.engine import Engine, Finished, TextDelta
+from quickdraft.errors import UsageError
+from quickdraft.server import ServerSettings, attach_engine, create_app
+from quickdraft.server.metrics import RequestTiming, ServerMetrics
+from quickdraft.server.worker import Cancelled, EngineWorker, Job, QueueFull
+from quickdraft.stats import GenerationStats
+
+
+def test_health_is_503_while_loading_then_200(tiny_models):
+    app = create_app(ServerSettings(model_name="tiny"))
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 503
+        response = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi"})
+        assert response.status_code == 503 and response.json()["error"]["code"] == "model_loading"
+        assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
+        attach_engine(app, Engine(tiny_models["llama"], SpecConfig()))
+        assert http.get("/health").json() == {"status": "ok"}
+        response = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0})
+        assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+class GatedEngine:
+    """Stands in for Engine: each request yields its first prompt id as text, once `gate` is open."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.order: list[int] = []
+
+    def stream(self, prompt_ids, params, spec=None):
+        self.gate.wait(10)
+        self.order.append(prompt_ids[0])
+        yield TextDelta(str(prompt_ids[0]))
+        yield Finished(str(prompt_ids[0]), tuple(prompt_ids), "stop", GenerationStats(prompt_tokens=1, generated_tokens=1))
+
+
+async def run_jobs(cancel_second: bool) -> tuple[GatedEngine, list, ServerMetrics]:
+    engine, metrics = GatedEngine(), ServerMetrics()
+    worker = EngineWorker(engine, metrics, max_waiting=2)
+    worker.start()
+    jobs = [Job([index], SamplingParams(), SpecConfig()) for index in range(4)]
+    for job in jobs[:3]:
+        worker.submit(job)
+    with pytest.raises(QueueFull):  # one running (blocked at the gate) and two waiting
+        while worker.load() != (1, 2):
+            await asyncio.sleep(0.01)
+        worker.submit(jobs[3])
+    if cancel_second:
+        worker.cancel(jobs[1])  # its client is gone: nobody waits for its events
+    engine.gate.set()
+    outcomes = [await _last(job) for job in jobs[:3] if not job.cancelled]
+    worker.stop(timeout=10)
+    return engine, outcomes, metrics
+
+
+async def _last(job: Job):
+    while not isinstance(event := await job.next_event(), Finished | Cancelled):
+        pass
+    return event
+
+
+def test_worker_serves_in_arrival_order_and_refuses_beyond_the_queue():
+    engine, outcomes, _ = asyncio.run(run_jobs(cancel_second=False))
+    assert engine.order == [0, 1, 2]
+    assert [event.text for event in outcomes] == ["0", "1", "2"]
+
+
+def test_cancelling_a_waiting_job_frees_its_slot_without_running_it():
+    engine, outcomes, metrics = asyncio.run(asyncio.wait_for(run_jobs(cancel_second=True), 20))
+    assert engine.order == [0, 2]
+    assert metrics.requests.values[(("finished_reason", "abort"),)] == 1
+    assert [event.text for event in outcomes] == ["0", "2"]
+
+
+def test_metrics_render_cumulative_histograms_and_per_position_counters():
+    metrics = ServerMetrics()
+    stats = GenerationStats(prompt_tokens=5, generated_tokens=11)
+    stats.record_step(drafted=4, accepted=2)
+    stats.record_step(drafted=4, accepted=4)
+    metrics.count_finished("length", stats, RequestTiming(queued=0.0, first_token=0.03, finished=1.03))
+    text = metrics.render(running=1, waiting=3)
+    assert "quickdraft_num_requests_running 1\n" in text and "quickdraft_num_requests_waiting 3\n" in text
+    assert 'quickdraft_request_success_total{finished_reason="length"} 1\n' in text
+    assert "quickdraft_spec_decode_num_drafts_total 2\n" in text
+    assert "quickdraft_spec_decode_num_accepted_tokens_total 6\n" in text
+    per_position = [f'quickdraft_spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}\n' for i, n in enumerate([2, 2, 1, 1])]
+    assert all(line in text for line in per_position)
+    assert 'quickdraft_time_to_first_token_seconds_bucket{le="0.02"} 0\n' in text
+    assert 'quickdraft_time_to_first_token_seconds_bucket{le="0.04"} 1\n' in text
+    assert 'quickdraft_time_to_first_token_seconds_bucket{le="+Inf"} 1\n' in text
+    assert "quickdraft_time_per_output_token_seconds_sum 0.1\n" in text  # 1 s over 10 tokens after the first
+    assert text.count("# TYPE ") == 13
+
+
+def test_settings_refuse_an_empty_api_key():
+    with pytest.raises(UsageError, match="API key is empty"):
+        ServerSettings(model_name="tiny", api_key="  ")
+
+
+class SteppedEngine:
+    """Stands in for Engine: an endless stream, one delta per step, each step let through by the test."""
+
+    def __init__(self) -> None:
+        self.steps = threading.Semaphore(0)
+        self.closed = threading.Event()
+
+    def stream(self, prompt_ids, params, spec=None):
+        try:
+            while self.steps.acquire(timeout=10):
+                yield TextDelta("x")
+        finally:
+            self.closed.set()
+
+
+async def cancel_after_first_delta() -> tuple[SteppedEngine, object]:
+    engine = SteppedEngine()
+    worker = EngineWorker(engine, ServerMetrics(), max_waiting=1)
+    worker.start()
+    job = Job([1], SamplingParams(), SpecConfig())
+    worker.submit(job)
+    engine.steps.release()
+    assert isinstance(await job.next_event(), TextDelta)
+    worker.cancel(job)
+    engine.steps.release()  # exactly one more step
+    outcome = await asyncio.wait_for(job.next_event(), 10)
+    worker.stop(timeout=10)
+    return engine, outcome
+
+
+def test_cancelling_a_running_job_stops_it_at_the_next_step():
+    engine, outcome = asyncio.run(cancel_after_first_delta())
+    assert isinstance(outcome, Cancelled)
+    assert engine.closed.is_set()
