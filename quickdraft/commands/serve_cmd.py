@@ -13,10 +13,8 @@ from pathlib import Path
 
 from quickdraft.commands.generate_cmd import add_model_arguments
 from quickdraft.config import SpecConfig
-from quickdraft.drafters.base import DrafterLoadOptions
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
-from quickdraft.models.loading import load_model_dir
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
 
 
@@ -70,17 +68,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine for --model; a local directory is loaded as it is."""
-    if not Path(args.model).is_dir():
-        return Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    target = load_model_dir(Path(args.model), runtime=args.runtime, dtype=args.dtype, name=args.model)
-    engine = Engine(target, SpecConfig(drafter=args.drafter, k=args.k), DrafterLoadOptions(runtime=args.runtime, dtype=args.dtype))
-    engine.drafter(args.drafter)
-    return engine
+    """The engine for --model (built-in name, local directory, .gguf file or hub id)."""
+    return Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
 
 
 def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Exception]) -> None:
