@@ -32,7 +32,11 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New output text, safe to show (never part of a stop string)."""
+    """Output of one step: new text, safe to show (never part of a stop string).
+
+    One is yielded after every step, even when the text is empty (held back as a possible stop
+    string or an incomplete character), so a consumer can cancel within one step.
+    """
 
     text: str
 
@@ -208,8 +212,9 @@ class _Request:
         return self._detokenizer.text[: self._text_end]
 
     def deltas(self) -> Iterator[TextDelta]:
+        """The step's delta; at the end only if text is left, so every delta precedes `Finished`."""
         text = self.visible_text()
         end = len(text) if self.finish_reason else self._stop.safe_length(text)
-        if end > self._streamed:
+        if end > self._streamed or not self.finish_reason:
             yield TextDelta(text[self._streamed : end])
-            self._streamed = end
+            self._streamed = max(end, self._streamed)

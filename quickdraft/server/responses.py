@@ -116,7 +116,8 @@ async def sse_stream(
     try:
         async for event in events:
             if isinstance(event, TextDelta):
-                yield chunk([form.chunk_choice(form.delta(event.text, first=False), None)])
+                if event.text:
+                    yield chunk([form.chunk_choice(form.delta(event.text, first=False), None)])
             else:
                 stats = speculation(event.stats, spec)
                 yield chunk([form.chunk_choice(form.delta(None, first=False), event.finish_reason)], speculation=stats)
