@@ -1,0 +1,62 @@
+"""quickdraft's native model runtime: its own forward pass over a preallocated KV cache.
+
+`native_runner_for` returns a runner for Llama-family and Gemma 3 text checkpoints and None for
+every other architecture (or for a supported one using a feature not implemented here), in which
+case the caller falls back to the transformers runner.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from quickdraft.errors import UsageError
+from quickdraft.models.base import ModelInfo
+from quickdraft.models.native.gemma3 import GEMMA3_FAMILY, gemma3_spec
+from quickdraft.models.native.llama import LLAMA_FAMILY, llama_spec
+from quickdraft.models.native.runner import NativeRunner
+from quickdraft.models.native.spec import DecoderSpec
+from quickdraft.models.native.weights import load_weights
+
+NATIVE_ARCHITECTURES = LLAMA_FAMILY | GEMMA3_FAMILY
+NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+
+__all__ = ["NATIVE_ARCHITECTURES", "NATIVE_DTYPES", "NativeRunner", "native_runner_for", "native_spec"]
+
+
+def native_spec(model_dir: Path) -> DecoderSpec | None:
+    """The decoder spec for a checkpoint directory, or None if the native runtime does not support it."""
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    architecture = (getattr(hf_config, "architectures", None) or [""])[0]
+    if architecture in LLAMA_FAMILY:
+        return llama_spec(hf_config, architecture)
+    if architecture in GEMMA3_FAMILY:
+        return gemma3_spec(hf_config, architecture)
+    return None
+
+
+def native_runner_for(model_dir: Path, dtype: str = "float32", device: str = "cpu") -> NativeRunner | None:
+    """Load a native runner; dtype "float32", "bfloat16" or "int8" (int8 weights, bfloat16 activations)."""
+    if dtype not in NATIVE_DTYPES:
+        raise UsageError(f"native dtype must be one of {', '.join(NATIVE_DTYPES)}, got {dtype!r}")
+    model_dir = Path(model_dir)
+    spec = native_spec(model_dir)
+    if spec is None:
+        return None
+    torch_device = torch.device(device)
+    weights = load_weights(model_dir, spec, NATIVE_DTYPES[dtype], torch_device, int8=dtype == "int8")
+    info = ModelInfo(name=str(model_dir), architecture=spec.architecture, vocab_size=spec.vocab_size,
+                     max_context=spec.max_context, eos_token_ids=_eos_token_ids(model_dir))
+    return NativeRunner(info, spec, weights, NATIVE_DTYPES[dtype], torch_device)
+
+
+def _eos_token_ids(model_dir: Path) -> frozenset[int]:
+    """eos_token_id from config.json and generation_config.json (an int or a list in either)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        if path.exists():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return frozenset(ids)
