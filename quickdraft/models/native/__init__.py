@@ -21,8 +21,9 @@ from quickdraft.models.native.weights import load_weights
 
 NATIVE_ARCHITECTURES = LLAMA_FAMILY | GEMMA3_FAMILY
 NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
+DEFAULT_NATIVE_DTYPE = "bfloat16"  # provisional; chosen by `quickdraft bench-runtime --dtypes bfloat16 int8`
 
-__all__ = ["NATIVE_ARCHITECTURES", "NATIVE_DTYPES", "NativeRunner", "native_runner_for", "native_spec"]
+__all__ = ["DEFAULT_NATIVE_DTYPE", "NATIVE_ARCHITECTURES", "NATIVE_DTYPES", "NativeRunner", "native_runner_for", "native_spec"]
 
 
 def native_spec(model_dir: Path) -> DecoderSpec | None:
