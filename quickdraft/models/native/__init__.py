@@ -21,7 +21,13 @@ from quickdraft.models.native.weights import load_weights
 
 NATIVE_ARCHITECTURES = LLAMA_FAMILY | GEMMA3_FAMILY
 NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
-DEFAULT_NATIVE_DTYPE = "bfloat16"  # provisional; chosen by `quickdraft bench-runtime --dtypes bfloat16 int8`
+# The fastest native dtype whose k-token verification forwards equal its own 1-token forwards, so
+# speculation stays exact with respect to the target run in that dtype. Measured with
+# `quickdraft bench-runtime --dtypes bfloat16 int8` (docs/native_runtime.md): int8 weights with
+# bfloat16 activations decode fastest and `_weight_int8pack_mm` computes each row independently,
+# so its logits are bit-identical across batch sizes; bfloat16 matmuls are not (logits move by up
+# to ~0.4 between a 5-token and five 1-token forwards on SmolLM2), so greedy ties flip there.
+DEFAULT_NATIVE_DTYPE = "int8"
 
 __all__ = ["DEFAULT_NATIVE_DTYPE", "NATIVE_ARCHITECTURES", "NATIVE_DTYPES", "NativeRunner", "native_runner_for", "native_spec"]
 
@@ -41,6 +47,8 @@ def native_runner_for(model_dir: Path, dtype: str = "float32", device: str = "cp
     """Load a native runner; dtype "float32", "bfloat16" or "int8" (int8 weights, bfloat16 activations)."""
     if dtype not in NATIVE_DTYPES:
         raise UsageError(f"native dtype must be one of {', '.join(NATIVE_DTYPES)}, got {dtype!r}")
+    if dtype == "int8" and torch.device(device).type != "cpu":
+        raise UsageError(f"int8 weights use a CPU kernel; use float32 or bfloat16 on {device}")
     model_dir = Path(model_dir)
     spec = native_spec(model_dir)
     if spec is None:
