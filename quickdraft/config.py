@@ -13,7 +13,7 @@ from quickdraft.errors import UsageError
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 Runtime = Literal["auto", "native", "hf"]
-DType = Literal["float32", "bfloat16"]
+DType = Literal["auto", "float32", "bfloat16", "int8"]
 
 
 def _require(condition: bool, message: str) -> None:
@@ -66,11 +66,12 @@ class EngineConfig:
 
     model: str = DEFAULT_MODEL  # built-in name, local HF directory, .gguf file, or hub id
     runtime: Runtime = "auto"  # "auto" picks the native runner when the architecture has one
-    dtype: DType = "float32"
+    dtype: DType = "auto"  # "auto": the native default (int8 weights) when native, float32 otherwise
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
 
     def __post_init__(self) -> None:
         _require(self.runtime in ("auto", "native", "hf"), f"runtime must be auto, native or hf, got {self.runtime!r}")
-        _require(self.dtype in ("float32", "bfloat16"), f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        _require(self.dtype in ("auto", "float32", "bfloat16", "int8"), f"dtype must be auto, float32, bfloat16 or int8, got {self.dtype!r}")
+        _require(not (self.runtime == "hf" and self.dtype == "int8"), "int8 weights need the native runtime; use --runtime native or auto")
         _require(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")

@@ -66,7 +66,7 @@ class Engine:
     @classmethod
     def from_names(
         cls, model: str = DEFAULT_MODEL, drafter: str = "ngram", k: int = 4, runtime: str = "auto",
-        dtype: str = "float32", device: str = "cpu", threads: int | None = None,
+        dtype: str = "auto", device: str = "cpu", threads: int | None = None,
     ) -> "Engine":
         """Load a target by name or path and prepare a drafter (see `SpecConfig` for drafter names)."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)

@@ -1,1 +1,1 @@
-"""CLI sub-commands; each module exposes `register(subparsers)` and sets a `func(args) -> int`."""
+"""CLI subcommands, one module each, each exposing `register(subparsers)`."""

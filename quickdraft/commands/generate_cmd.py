@@ -37,7 +37,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), or a same-tokenizer draft model name/path (default ngram)")
     parser.add_argument("--k", type=int, default=4, help="most draft tokens verified per target forward (default 4)")
     parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype of the models (default float32)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"], help="weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), float32 on hf")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 

@@ -48,7 +48,7 @@ class DrafterLoadOptions:
     """How a drafter that holds a model loads it (the target's settings by default)."""
 
     runtime: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "cpu"
 
 

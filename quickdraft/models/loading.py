@@ -6,7 +6,7 @@ runner when the architecture has one (unless `runtime="hf"`), else the transform
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ class LoadedModel:
         return self.runner.info
 
 
-def load_model(name_or_path: str, runtime: Runtime = "auto", dtype: DType = "float32", device: str = "cpu") -> LoadedModel:
+def load_model(name_or_path: str, runtime: Runtime = "auto", dtype: DType = "auto", device: str = "cpu") -> LoadedModel:
     """Resolve a model name or path (fetching and converting built-ins once) and load it."""
     from quickdraft.models.store import local_model_dir
 
@@ -37,7 +37,7 @@ def load_model(name_or_path: str, runtime: Runtime = "auto", dtype: DType = "flo
 
 
 def load_model_dir(
-    model_dir: Path, runtime: Runtime = "auto", dtype: DType = "float32", device: str = "cpu", name: str | None = None
+    model_dir: Path, runtime: Runtime = "auto", dtype: DType = "auto", device: str = "cpu", name: str | None = None
 ) -> LoadedModel:
     """Load a local directory holding config.json, safetensors weights and tokenizer files."""
     model_dir = Path(model_dir)
@@ -57,16 +57,22 @@ def _load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 def _build_runner(
     model_dir: Path, runtime: Runtime, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase
 ) -> ModelRunner:
-    if runtime in ("auto", "native"):
-        from quickdraft.models.native import native_runner_for
+    """The native runner when the architecture has one (unless runtime="hf"), else transformers.
 
-        runner = native_runner_for(model_dir, dtype=dtype, device=device)
+    dtype "auto" means the native default (`DEFAULT_NATIVE_DTYPE`) on the native runner and
+    float32 on the transformers runner.
+    """
+    if runtime in ("auto", "native"):
+        from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
+
+        runner = native_runner_for(model_dir, dtype=DEFAULT_NATIVE_DTYPE if dtype == "auto" else dtype, device=device)
         if runner is not None:
+            runner.info = replace(runner.info, name=name)
             return runner
-        if runtime == "native":
-            architecture = read_config(model_dir).get("architectures", ["?"])[0]
-            raise UsageError(f"no native runner for architecture {architecture}; use --runtime hf or auto")
-    return _hf_runner(model_dir, dtype, device, name, tokenizer)
+        architecture = read_config(model_dir).get("architectures", ["?"])[0]
+        if runtime == "native" or dtype == "int8":
+            raise UsageError(f"no native runner for architecture {architecture}; use --runtime hf with --dtype float32 or bfloat16")
+    return _hf_runner(model_dir, "float32" if dtype == "auto" else dtype, device, name, tokenizer)
 
 
 def _hf_runner(model_dir: Path, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase) -> ModelRunner:

@@ -1,0 +1,166 @@
+"""Runtime benchmark: decode speed and verification cost of the transformers and native runners.
+
+For each model, in one process and interleaved over repeats (so machine noise hits all runners
+alike), it measures
+- decode tokens/s: `DECODE_STEPS` greedy 1-token forwards after a short prompt;
+- v(k) = time of a forward over k+1 new tokens / time of a forward over 1, k = 1..8, on a
+  `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context;
+for the transformers float32 baseline (plain forward, DynamicCache, crop to roll back), native
+float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
+"""
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from quickdraft.errors import UsageError
+from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
+
+MODEL_CACHE = Path("~/.cache/quickdraft/models").expanduser()
+DECODE_PROMPT = 16  # prompt tokens before the decode run
+DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
+VERIFY_CONTEXT = 512  # cached tokens under each v(k) forward
+VERIFY_KS = tuple(range(1, 9))
+VERIFY_INNER = 5  # forwards per (k, repeat); their median is that repeat's time
+
+
+class HFBaseline:
+    """Plain transformers forward with a DynamicCache, rolled back with crop: the fair baseline."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM, DynamicCache
+        self._new_cache = DynamicCache
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.cache = DynamicCache()
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        self.cache = self._new_cache()  # full-length layers, so crop works on sliding-window models too
+        out = self.model(torch.tensor([token_ids]), cache=self.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
+        out = self.model(torch.tensor([token_ids]), cache=self.cache, use_cache=True)
+        return out.logits[0].float()
+
+    def rollback(self, length: int) -> None:
+        self.cache.crop(length - self.cache_length)  # negative: number of tokens to drop
+
+
+@dataclass(frozen=True)
+class RuntimeResult:
+    """Medians for one runner configuration."""
+
+    tokens_per_second: float  # greedy decode
+    verify_cost: dict[int, float]  # k -> v(k)
+
+
+def model_dir(name: str) -> Path:
+    """A built-in model's converted directory, or a path to an HF directory."""
+    path = Path(name).expanduser()
+    path = path if path.is_dir() else MODEL_CACHE / name
+    if not (path / "config.json").exists():
+        raise UsageError(f"no converted model at {path}; fetch it first or pass an HF directory")
+    return path
+
+
+def _decode_seconds(runner, prompt: Sequence[int]) -> float:
+    token = int(runner.prefill(prompt).argmax())
+    begin = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        token = int(runner.forward([token])[-1].argmax())
+    return time.perf_counter() - begin
+
+
+def _forward_seconds(runner, context: int, tokens: Sequence[int]) -> float:
+    """Median time of a forward over `tokens` at `context` cached tokens (rolled back after each)."""
+    times = []
+    for _ in range(VERIFY_INNER):
+        begin = time.perf_counter()
+        runner.forward(tokens)
+        times.append(time.perf_counter() - begin)
+        runner.rollback(context)
+    return statistics.median(times)
+
+
+def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float]]:
+    """Decode seconds and forward seconds per new-token count 1..9 for one repeat."""
+    decode = _decode_seconds(runner, tokens[:DECODE_PROMPT])
+    runner.prefill(tokens[:VERIFY_CONTEXT])
+    forward = {n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT:VERIFY_CONTEXT + n])
+               for n in (1, *[k + 1 for k in VERIFY_KS])}
+    return decode, forward
+
+
+def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[str, RuntimeResult]:
+    """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved."""
+    runners: dict[str, Callable] = {"hf": HFBaseline(path)}
+    runners.update({f"native_{d}": native_runner_for(path, d, "cpu") for d in native_dtypes})
+    vocab = runners[f"native_{native_dtypes[0]}"].info.vocab_size
+    tokens = torch.randint(0, vocab, (VERIFY_CONTEXT + 16,), generator=torch.Generator().manual_seed(0)).tolist()
+    samples: dict[str, list] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            samples[name].append(_one_repeat(runner, tokens))
+    return {name: _summarise(runs) for name, runs in samples.items()}
+
+
+def _summarise(runs: list[tuple[float, dict[int, float]]]) -> RuntimeResult:
+    tokens_per_second = statistics.median(DECODE_STEPS / decode for decode, _ in runs)
+    one = statistics.median(forward[1] for _, forward in runs)
+    verify = {k: statistics.median(forward[k + 1] for _, forward in runs) / one for k in VERIFY_KS}
+    return RuntimeResult(tokens_per_second, verify)
+
+
+def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype: str) -> dict:
+    """The --json object of one model."""
+    native = {name.removeprefix("native_"): r for name, r in results.items() if name != "hf"}
+    return {
+        "model": model,
+        "threads": torch.get_num_threads(),
+        "default_dtype": default_dtype,
+        "hf_tokens_per_second": results["hf"].tokens_per_second,
+        "native_fp32_tokens_per_second": native["float32"].tokens_per_second,
+        "native_tokens_per_second": native[default_dtype].tokens_per_second,
+        "verify_cost": native[default_dtype].verify_cost,
+        "hf_verify_cost": results["hf"].verify_cost,
+        "native_by_dtype": {d: {"tokens_per_second": r.tokens_per_second, "verify_cost": r.verify_cost}
+                            for d, r in native.items()},
+    }
+
+
+def format_table(summary: dict) -> str:
+    """Human-readable table of one model's summary."""
+    hf = summary["hf_tokens_per_second"]
+    lines = [f"{summary['model']}  ({summary['threads']} threads, batch 1, medians)",
+             f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}   v(1..8) at {VERIFY_CONTEXT} ctx"]
+    rows = [("hf float32", hf, summary["hf_verify_cost"])]
+    rows += [(f"native {d}", r["tokens_per_second"], r["verify_cost"]) for d, r in summary["native_by_dtype"].items()]
+    for label, tps, verify in rows:
+        curve = " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
+        lines.append(f"  {label:<18}{tps:>8.1f}{tps / hf:>7.2f}x   {curve}")
+    lines.append(f"  default native dtype: {summary['default_dtype']}")
+    return "\n".join(lines)
+
+
+def run_runtime_bench(models: Sequence[str], repeats: int = 5, json_out: bool = False,
+                      native_dtypes: Sequence[str] = ()) -> list[dict]:
+    """Benchmark each model; print a table (or one JSON object per line) and return the summaries."""
+    dtypes = list(dict.fromkeys(["float32", DEFAULT_NATIVE_DTYPE, *native_dtypes]))
+    summaries = []
+    for model in models:
+        results = bench_model(model_dir(model), repeats, dtypes)
+        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE)
+        print(json.dumps(summary) if json_out else format_table(summary), flush=True)
+        summaries.append(summary)
+    return summaries

@@ -1,0 +1,229 @@
+"""Native runtime vs transformers on tiny random models of every supported variant.
+
+Each variant is saved with `save_pretrained` (safetensors) and loaded back by both the native
+runner and transformers; fp32 logits must agree within 1e-3 for prefill, chunked forwards,
+rollbacks and sliding windows shorter than the prompt. bfloat16 and int8 are checked against
+the fp32 reference with a looser tolerance: bfloat16 keeps 8 significand bits, so each of the
+~30 rounded ops per layer contributes ~0.4 % relative error; logits of these tiny models have
+magnitude ~1-5, and we allow 0.15 absolute (int8: 0.3).
+"""
+
+import pytest
+import torch
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig,
+                          Qwen2Config, Qwen3Config)
+
+from quickdraft.errors import UsageError
+from quickdraft.models.base import ModelRunner
+from quickdraft.models.native import kv_cache, native_runner_for
+
+FP32_TOL = 1e-3
+LOW_PRECISION_TOL = {"bfloat16": 0.15, "int8": 0.3}
+VOCAB = 96
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+               max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=[1, 5])
+
+VARIANTS = {
+    "llama_mha_untied": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=4,
+                                            tie_word_embeddings=False),
+    "llama_gqa2_tied_linear": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                                  tie_word_embeddings=True,
+                                                  rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                   "rope_theta": 10000.0}),
+    "llama_gqa4_llama3_rope": lambda: LlamaConfig(**_COMMON, num_attention_heads=8, num_key_value_heads=2,
+                                                  head_dim=16, rope_parameters={
+                                                      "rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 64}),
+    "llama_dynamic_rope_bias": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1,
+                                                   attention_bias=True, rope_parameters={
+                                                       "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+    "qwen2_qkv_bias": lambda: Qwen2Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                          tie_word_embeddings=False),
+    "qwen3_qk_norm_sliding": lambda: Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                                 head_dim=32, use_sliding_window=True, sliding_window=6,
+                                                 max_window_layers=1),
+    "mistral_sliding": lambda: MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                             sliding_window=7),
+    "gemma3_interleaved": lambda: Gemma3TextConfig(**{**_COMMON, "num_hidden_layers": 4}, num_attention_heads=4,
+                                                   num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24,
+                                                   sliding_window=5, layer_types=["sliding_attention", "sliding_attention",
+                                                                                  "full_attention", "sliding_attention"],
+                                                   rope_parameters={
+                                                       "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                       "sliding_attention": {"rope_type": "default",
+                                                                             "rope_theta": 1e4}}),
+    "gemma3_softcap_untied": lambda: Gemma3TextConfig(**_COMMON, num_attention_heads=2, num_key_value_heads=2,
+                                                      head_dim=32, sliding_window=4, final_logit_softcapping=5.0,
+                                                      tie_word_embeddings=False,
+                                                      layer_types=["sliding_attention", "full_attention",
+                                                                   "sliding_attention"]),
+}
+
+
+def _save_random_model(config, path):
+    """Random weights (every parameter, biases and norms included) saved as safetensors."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.15)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def tiny(request, tmp_path_factory):
+    """(directory, transformers model) of one variant."""
+    path = tmp_path_factory.mktemp(request.param)
+    model = _save_random_model(VARIANTS[request.param](), path)
+    return path, model
+
+
+def _tokens(n, seed):
+    return torch.randint(2, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _reference(model, ids):
+    """transformers logits [len(ids), vocab] over the whole sequence."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids]), use_cache=True).logits[0].float()
+
+
+def _max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+def test_runner_implements_protocol(tiny):
+    runner = native_runner_for(tiny[0], "float32", "cpu")
+    assert isinstance(runner, ModelRunner)
+    assert runner.info.vocab_size == VOCAB and runner.info.max_context == 256
+    assert runner.info.eos_token_ids == frozenset({1, 5})
+
+
+@pytest.mark.parametrize("length", [1, 9, 23])
+def test_prefill_matches_transformers(tiny, length):
+    path, model = tiny
+    runner = native_runner_for(path, "float32", "cpu")
+    ids = _tokens(length, seed=length)
+    logits = runner.prefill(ids)
+    assert logits.shape == (VOCAB,) and logits.dtype == torch.float32
+    assert _max_diff(logits, _reference(model, ids)[-1]) <= FP32_TOL
+    assert runner.cache_length == length
+
+
+def test_chunked_forwards_match_transformers(tiny):
+    path, model = tiny
+    runner = native_runner_for(path, "float32", "cpu")
+    ids = _tokens(30, seed=1)
+    reference = _reference(model, ids)
+    runner.prefill(ids[:4])
+    position = 4
+    for size in (1, 5, 2, 9, 1, 8):
+        logits = runner.forward(ids[position:position + size])
+        assert logits.shape == (size, VOCAB)
+        assert _max_diff(logits, reference[position:position + size]) <= FP32_TOL
+        position += size
+
+
+@pytest.mark.parametrize("keep", [3, 12, 17])
+def test_rollback_then_new_tokens_equals_fresh_run(tiny, keep):
+    """Roll back into (and past) the sliding windows, write different tokens, compare with a fresh sequence."""
+    path, model = tiny
+    runner = native_runner_for(path, "float32", "cpu")
+    first = _tokens(20, seed=2)
+    runner.prefill(first[:14])
+    runner.forward(first[14:20])
+    runner.rollback(keep)
+    assert runner.cache_length == keep
+    replacement = _tokens(7, seed=3 + keep)
+    logits = runner.forward(replacement)
+    assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep:]) <= FP32_TOL
+    runner.rollback(keep + 2)
+    logits = runner.forward(replacement[2:4])
+    assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep + 2:keep + 4]) <= FP32_TOL
+
+
+def test_return_hidden_is_pre_final_norm_state(tiny):
+    path, model = tiny
+    runner = native_runner_for(path, "float32", "cpu")
+    ids = _tokens(12, seed=4)
+    with torch.inference_mode():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    logits, hidden = runner.prefill(ids[:8], return_hidden=True)
+    assert logits.shape == (VOCAB,) and hidden.shape == (8, 64) and hidden.dtype == torch.float32
+    step_logits, step_hidden = runner.forward(ids[8:], return_hidden=True)
+    assert step_hidden.shape == (4, 64)
+    normed = model.model.norm(torch.cat((hidden, step_hidden)))  # transformers reports the post-norm state
+    assert _max_diff(normed, out.hidden_states[-1][0]) <= FP32_TOL
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_low_precision_stays_close(tiny, dtype):
+    path, model = tiny
+    runner = native_runner_for(path, dtype, "cpu")
+    ids = _tokens(20, seed=5)
+    reference = _reference(model, ids)
+    prefill = runner.prefill(ids[:12])
+    assert prefill.dtype == torch.float32
+    steps = runner.forward(ids[12:])
+    assert _max_diff(torch.cat((prefill[None], steps)), reference[11:]) <= LOW_PRECISION_TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_speculation_equals_one_token_decoding(tiny, dtype):
+    """k-token verification forwards + rollbacks reproduce 1-token greedy decoding in the same dtype."""
+    path, _ = tiny
+    runner = native_runner_for(path, dtype, "cpu")
+    prompt = _tokens(6, seed=6)
+    plain = _greedy(runner, prompt, 24)
+    rng = torch.Generator().manual_seed(7)
+    for draft_of in (lambda out, k: plain[len(out):len(out) + k],  # all accepted
+                     lambda out, k: torch.randint(2, VOCAB, (k,), generator=rng).tolist()):  # mostly rejected
+        assert _speculative_greedy(runner, prompt, 24, draft_of, k=4) == plain
+
+
+def _greedy(runner, prompt, steps):
+    out = [int(runner.prefill(prompt).argmax())]
+    while len(out) < steps:
+        out.append(int(runner.forward([out[-1]])[0].argmax()))
+    return out
+
+
+def _speculative_greedy(runner, prompt, steps, draft_of, k):
+    out = [int(runner.prefill(prompt).argmax())]
+    while len(out) < steps:
+        draft = draft_of(out, k)
+        base = runner.cache_length
+        targets = runner.forward([out[-1]] + draft).argmax(dim=-1).tolist()  # [k + 1]
+        accepted = next((i for i, (d, t) in enumerate(zip(draft, targets)) if d != t), len(draft))
+        out.extend(targets[:accepted + 1])
+        runner.rollback(base + accepted + 1)
+    return out[:steps]
+
+
+def test_cache_grows_past_initial_capacity(tiny, monkeypatch):
+    monkeypatch.setattr(kv_cache, "INITIAL_CAPACITY", 8)
+    path, model = tiny
+    runner = native_runner_for(path, "float32", "cpu")
+    ids = _tokens(40, seed=8)
+    runner.prefill(ids[:6])
+    logits = torch.cat([runner.forward(ids[i:i + 3]) for i in range(6, 39, 3)])
+    assert _max_diff(logits, _reference(model, ids)[6:39]) <= FP32_TOL
+
+
+def test_context_limit_and_bad_rollback_raise(tmp_path):
+    _save_random_model(VARIANTS["llama_mha_untied"](), tmp_path)
+    runner = native_runner_for(tmp_path, "float32", "cpu")
+    runner.prefill(_tokens(250, seed=9))
+    with pytest.raises(UsageError):
+        runner.forward(_tokens(7, seed=10))
+    with pytest.raises(UsageError):
+        runner.rollback(251)
+    with pytest.raises(UsageError):
+        native_runner_for(tmp_path, "float16", "cpu")
+
+
+def test_unsupported_architecture_returns_none(tmp_path):
+    _save_random_model(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2), tmp_path)
+    assert native_runner_for(tmp_path, "float32", "cpu") is None
