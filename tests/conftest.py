@@ -1,4 +1,5 @@
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from tests.tiny_models import gemma3_config, llama_config, save_tiny_model
 
 TINY_VOCAB = 320
 
-torch.set_num_threads(2)
+# The machine's two cores; a shared development machine may ask for fewer to avoid oversubscription.
+torch.set_num_threads(int(os.environ.get("QUICKDRAFT_TEST_THREADS", "2")))
 
 
 @pytest.fixture(scope="session")

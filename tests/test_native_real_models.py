@@ -8,8 +8,6 @@ decoding (prompt-lookup drafts, verification forwards, rollbacks) must equal 1-t
 in every native dtype; int8 is bit-identical across batch sizes, so there no tie is allowed.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -19,7 +17,6 @@ from quickdraft.models.native import native_runner_for
 
 pytestmark = pytest.mark.real_model
 
-MODEL_CACHE = Path("~/.cache/quickdraft/models").expanduser()
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 FP32_TOL = 1e-3
 TIE_GAP = 1e-3  # a top-2 gap this small can flip under float32 reassociation (our logits differ by ~1e-4)
@@ -49,18 +46,12 @@ PROMPTS = (
 )
 
 
-def _model_dir(name):
-    path = MODEL_CACHE / name
-    if not (path / "model.safetensors").exists():
-        pytest.skip(f"{name} is not converted at {path}")
-    return path
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def real(request):
+def real(request, builtin_model_dir):
     """(directory, transformers float32 model, native float32 runner) for one built-in model."""
-    torch.set_num_threads(2)
-    path = _model_dir(request.param)
+    path = builtin_model_dir(request.param)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return path, model, native_runner_for(path, "float32", "cpu")
 
