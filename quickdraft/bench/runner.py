@@ -1,0 +1,161 @@
+"""The interleaved benchmark loop: for each repeat, for each prompt, every method in rotated order.
+
+Rotating the order per prompt spreads machine drift (other jobs, thermal state) evenly over the
+methods; the baseline (quickdraft with drafter "none") runs once per prompt per repeat whatever
+k is. Every measurement is kept raw; aggregation happens in `summary`.
+"""
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from quickdraft.bench.costs import measure_forward_seconds, relative_verify_cost
+from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
+from quickdraft.bench.methods import HFGenerate, HFTarget, Method, QuickdraftMethod, load_hf_model
+from quickdraft.bench.provenance import machine_info, provenance
+from quickdraft.bench.summary import BASELINE, HF_BASELINE
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.base import DrafterLoadOptions
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model_dir
+
+WARMUP_TOKENS = 8  # one short untimed generation per method first: no one-time costs in the timings
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one `quickdraft bench` run measures."""
+
+    model: str  # target: built-in name or HF directory
+    dataset: Path  # JSONL in the Spec-Bench question format
+    drafters: tuple[str, ...] = ("none", "ngram")  # quickdraft drafters; "none" (the baseline) is always run
+    ks: tuple[int | str, ...] = (4,)  # draft lengths; each drafter but "none" runs once per k
+    categories: tuple[str, ...] | None = None  # None: every category in the file
+    limit: int | None = None  # first N prompts of each category
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    repeats: int = 3
+    peers: tuple[str, ...] = ()  # "hf": transformers generate (greedy, prompt lookup, assistant)
+    hf_lookup_tokens: int = 4  # prompt_lookup_num_tokens of the transformers peer
+    runtime: str = "auto"
+    dtype: str = "float32"
+    seed: int = 0  # base seed of sampled runs (prompt i, repeat r uses seed + 1000 r + i)
+    cost_repeats: int = 10  # repeats of each forward size when measuring v(k)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise UsageError(f"--repeats must be >= 1, got {self.repeats}; speedups need at least one repeat")
+        if unknown := [p for p in self.peers if p != "hf"]:
+            raise UsageError(f"unknown peers {', '.join(unknown)}; the only peer is hf (transformers generate)")
+        for drafter in self.drafters:
+            for k in self.ks:
+                SpecConfig(drafter=drafter, k=k)  # validates k before any model loads
+        SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+
+
+def run_bench(config: BenchConfig) -> dict:
+    """Run the benchmark; returns a JSON-ready dict with provenance, costs and every measurement."""
+    meta = provenance(config.dataset)
+    prompts = select_prompts(load_prompts(config.dataset), list(config.categories or []) or None, config.limit)
+    model_dir = resolve_model_dir(config.model)
+    target = load_model_dir(model_dir, runtime=config.runtime, dtype=config.dtype, name=config.model)
+    engine = Engine(target, SpecConfig(drafter="none"), DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype))
+    chat = bool(target.tokenizer.chat_template)
+    encoded = [engine.encode(prompt.first_turn, chat=chat) for prompt in prompts]
+    methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
+    _warm_up(methods, encoded[0], config)
+    forward_seconds = measure_forward_seconds(target.runner, encoded[0], _largest_k(config.ks) + 1, config.cost_repeats)
+    rows = _measure_all(methods, prompts, encoded, config)
+    _mark_identity(rows, config)
+    meta.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine_at_end=machine_info(), chat_template=chat)
+    return {
+        "meta": meta,
+        "config": {**asdict(config), "dataset": str(config.dataset), "model_dir": str(model_dir)},
+        "prompts": [_prompt_entry(i, p, ids) for i, (p, ids) in enumerate(zip(prompts, encoded))],
+        "methods": [{"name": m.name, "family": m.family, "drafter": m.drafter, "k": m.k} for m in methods],
+        "forward_seconds": {str(n): s for n, s in forward_seconds.items()},
+        "verify_cost": {str(k): v for k, v in relative_verify_cost(forward_seconds).items()},
+        "measurements": rows,
+    }
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A local model directory for a built-in name, directory, GGUF file or hub id."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    from quickdraft.models.store import local_model_dir
+
+    return local_model_dir(name_or_path)
+
+
+def quickdraft_methods(engine: Engine, config: BenchConfig) -> list[Method]:
+    """The baseline first, then every other drafter at every k."""
+    others = [d for d in dict.fromkeys(config.drafters) if d != "none"]
+    return [QuickdraftMethod(engine, "none", None)] + [QuickdraftMethod(engine, d, k) for d in others for k in config.ks]
+
+
+def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[Method]:
+    """transformers greedy and prompt lookup, plus assisted generation for each draft-model drafter."""
+    if "hf" not in config.peers:
+        return []
+    target = HFTarget(model_dir, config.dtype, engine.target.info.eos_token_ids)
+    peers: list[Method] = [HFGenerate(target, "greedy"), HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens)]
+    for name in dict.fromkeys(config.drafters):
+        if isinstance(engine.drafter(name), DraftModelDrafter):
+            assistant = load_hf_model(resolve_model_dir(name), config.dtype)
+            peers.append(HFGenerate(target, "assistant", assistant=assistant, assistant_name=name))
+    return peers
+
+
+def _warm_up(methods: list[Method], prompt_ids: list[int], config: BenchConfig) -> None:
+    params = SamplingParams(temperature=config.temperature, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+    for method in methods:
+        method.run(prompt_ids, params)
+
+
+def _measure_all(methods: list[Method], prompts: list[Prompt], encoded: list[list[int]], config: BenchConfig) -> list[dict]:
+    total = config.repeats * len(prompts) * len(methods)
+    bar = tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, disable=not config.progress, dynamic_ncols=True)
+    rows = []
+    for repeat in range(config.repeats):
+        for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
+            params = SamplingParams(
+                temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed + 1000 * repeat + index,
+            )
+            shift = (repeat * len(prompts) + index) % len(methods)
+            for order, method in enumerate(methods[shift:] + methods[:shift]):
+                bar.set_postfix_str(f"{prompt.category} #{index} {method.name}", refresh=False)
+                measurement = method.run(prompt_ids, params)
+                rows.append({
+                    "repeat": repeat, "prompt": index, "question_id": prompt.question_id, "category": prompt.category,
+                    "method": method.name, "order": order, **measurement.to_dict(),
+                })
+                bar.update()
+    bar.close()
+    return rows
+
+
+def _mark_identity(rows: list[dict], config: BenchConfig) -> None:
+    """Greedy runs: is each output token-identical to the baseline's (and transformers greedy's)?"""
+    by_key = {(r["repeat"], r["prompt"], r["method"]): r["token_ids"] for r in rows}
+    greedy = config.temperature == 0
+    for row in rows:
+        baseline = by_key[(row["repeat"], row["prompt"], BASELINE)]
+        hf_greedy = by_key.get((row["repeat"], row["prompt"], HF_BASELINE))
+        row["identical_to_baseline"] = row["token_ids"] == baseline if greedy else None
+        row["identical_to_hf_greedy"] = row["token_ids"] == hf_greedy if greedy and hf_greedy is not None else None
+
+
+def _largest_k(ks: tuple[int | str, ...]) -> int:
+    return max([k for k in ks if isinstance(k, int)], default=0)
+
+
+def _prompt_entry(index: int, prompt: Prompt, prompt_ids: list[int]) -> dict:
+    return {"index": index, "question_id": prompt.question_id, "category": prompt.category, "prompt_tokens": len(prompt_ids), "text": prompt.first_turn}

@@ -1,0 +1,213 @@
+"""`quickdraft bench` end to end on tiny random models, plus the dataset loader and the cost model."""
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from quickdraft.bench import costs
+from quickdraft.bench.dataset import load_prompts, select_prompts
+from quickdraft.bench.summary import BASELINE, HF_BASELINE, OVERALL
+from quickdraft.cli import main
+from quickdraft.errors import UsageError
+
+PROMPTS = [
+    {"question_id": 1, "category": "writing", "turns": ["The quick brown fox jumps over the lazy dog. The dog"]},
+    {"question_id": 2, "category": "coding", "turns": ["def add(a, b):\n    return a + b\n\nprint(add(1, 2))"]},
+    {"question_id": "q3", "category": "coding", "turns": ["Once upon a time there was a small model", "And then?"]},
+]
+PLOTS = ["speedup_by_category.png", "acceptance_by_position.png", "speedup_vs_k.png"]
+MAX_NEW_TOKENS = 8
+REPEATS = 2
+
+
+def write_jsonl(path: Path, lines: list) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def run_bench(tmp_path: Path, model_dir: Path, drafters: str, k: str = "1,2") -> dict:
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    out = tmp_path / "out"
+    argv = [
+        "bench", "--model", str(model_dir), "--drafters", drafters, "--k", k, "--dataset", str(dataset),
+        "--max-new-tokens", str(MAX_NEW_TOKENS), "--repeats", str(REPEATS), "--peers", "hf", "--out", str(out), "--no-progress",
+    ]
+    assert main(argv) == 0
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ngram_run(tmp_path_factory, tiny_dirs):
+    tmp_path = tmp_path_factory.mktemp("bench")
+    return tmp_path / "out", run_bench(tmp_path, tiny_dirs["llama"], "none,ngram")
+
+
+def test_every_prompt_method_and_repeat_is_measured(ngram_run):
+    _, results = ngram_run
+    names = [m["name"] for m in results["methods"]]
+    assert names == [BASELINE, "qd:ngram k=1", "qd:ngram k=2", HF_BASELINE, "hf:lookup n=4"]
+    rows = results["measurements"]
+    assert len(rows) == REPEATS * len(PROMPTS) * len(names)
+    assert {(r["repeat"], r["prompt"], r["method"]) for r in rows} == {
+        (repeat, prompt, name) for repeat in range(REPEATS) for prompt in range(len(PROMPTS)) for name in names
+    }
+    first_methods = {r["method"] for r in rows if r["order"] == 0}
+    assert len(first_methods) > 1  # the order rotates
+
+
+def test_baseline_is_plain_decoding(ngram_run):
+    _, results = ngram_run
+    for row in results["measurements"]:
+        if row["method"] in (BASELINE, HF_BASELINE):
+            assert row["mean_accepted_length"] == 1.0
+            assert row["draft_tokens"] == row["accepted_tokens"] == 0
+            assert row["target_forwards"] == row["new_tokens"] + (row["finish_reason"] == "stop")
+    overall = results["summary"]["groups"][OVERALL]
+    assert overall[BASELINE]["tau"] == 1.0
+    assert overall[BASELINE]["speedup"]["by_repeat"] == [1.0] * REPEATS
+    assert overall[HF_BASELINE]["speedup_vs_hf"]["median"] == 1.0
+
+
+def test_greedy_outputs_are_identical_to_the_baseline(ngram_run):
+    _, results = ngram_run
+    for row in results["measurements"]:
+        if row["method"] != "hf:lookup n=4":  # transformers' batched verification may flip near-ties
+            assert row["identical_to_baseline"] is True, row["method"]
+    for name, figures in results["summary"]["groups"][OVERALL].items():
+        if name != "hf:lookup n=4":
+            assert figures["identical"] == 1.0
+
+
+def test_counts_add_up(ngram_run):
+    _, results = ngram_run
+    rows = results["measurements"]
+    for row in rows:
+        assert 0 < row["new_tokens"] <= MAX_NEW_TOKENS or row["finish_reason"] == "stop"
+        assert row["accepted_tokens"] <= row["draft_tokens"]
+        if row["method"].startswith("qd:"):
+            assert sum(row["accepted_length_histogram"]) == row["steps"] == row["target_forwards"] - 1
+            assert sum(row["accepted_by_position"]) == row["accepted_tokens"]
+            assert sum(row["drafted_by_position"]) == row["draft_tokens"]
+            assert row["draft_seconds"] + row["verify_seconds"] <= row["wall_seconds"]
+    groups = results["summary"]["groups"]
+    for name in groups[OVERALL]:
+        total = sum(r["new_tokens"] for r in rows if r["method"] == name)
+        assert groups[OVERALL][name]["new_tokens"] == total
+        assert sum(groups[c][name]["new_tokens"] for c in ("writing", "coding")) == total
+        assert groups["coding"][name]["prompts"] == 2
+
+
+def test_speedup_is_the_ratio_of_mean_tokens_per_second(ngram_run):
+    _, results = ngram_run
+    rows = results["measurements"]
+
+    def mean_rate(method: str, repeat: int) -> float:
+        rates = [r["new_tokens"] / r["wall_seconds"] for r in rows if r["method"] == method and r["repeat"] == repeat]
+        return sum(rates) / len(rates)
+
+    speedup = results["summary"]["groups"][OVERALL]["qd:ngram k=2"]["speedup"]
+    expected = [mean_rate("qd:ngram k=2", r) / mean_rate(BASELINE, r) for r in range(REPEATS)]
+    assert speedup["by_repeat"] == pytest.approx(expected)
+    assert speedup["min"] <= speedup["median"] <= speedup["max"]
+
+
+def test_results_carry_provenance_and_costs(ngram_run):
+    _, results = ngram_run
+    meta = results["meta"]
+    assert meta["command_line"] and meta["versions"]["torch"] and meta["dataset"]["sha256"]
+    assert "commit" in meta["git"] and meta["machine"]["cpu_count"] >= 1
+    assert results["verify_cost"]["0"] == 1.0 and set(results["verify_cost"]) == {"0", "1", "2"}
+    cost = results["summary"]["costs"]["qd:ngram k=2"]
+    assert cost["k"] == 2 and cost["verify_cost"] == results["verify_cost"]["2"]
+    assert sum(cost["draft_length_shares"].values()) == pytest.approx(1.0)
+
+
+def test_report_and_plots_are_written(ngram_run):
+    out, results = ngram_run
+    report = (out / "report.md").read_text()
+    assert "## Overall" in report and "### writing (prompts: 1)" in report and "### coding (prompts: 2)" in report
+    for method in results["methods"]:
+        assert f"| {method['name']} |" in report
+    assert "predicted (i.i.d.)" in report
+    for name in PLOTS:
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        with Image.open(out / name) as image:
+            image.verify()
+        assert f"]({name})" in report
+
+
+def test_draft_model_runs_in_quickdraft_and_as_transformers_assistant(tmp_path, tiny_dirs):
+    pytest.importorskip("quickdraft.models.store")  # draft models load by name through the model store
+    results = run_bench(tmp_path, tiny_dirs["llama"], f"none,{tiny_dirs['llama']}", k="2")
+    names = [m["name"] for m in results["methods"]]
+    assert names == [BASELINE, "qd:llama k=2", HF_BASELINE, "hf:lookup n=4", "hf:assistant llama"]
+    overall = results["summary"]["groups"][OVERALL]
+    assert overall["qd:llama k=2"]["acceptance"] == 1.0  # the draft is the target itself
+    assert overall["qd:llama k=2"]["identical"] == 1.0
+    assert overall["hf:assistant llama"]["tau"] > 1.5
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ([PROMPTS[0], "{not json"], ":2: not valid JSON"),
+        ([{"question_id": 1, "category": "writing"}], ":1: missing turns"),
+        ([PROMPTS[0], {"question_id": 2, "category": "writing", "turns": "hello"}], ":2: turns must be a non-empty list"),
+        ([{"question_id": 1, "category": "writing", "turns": []}], ":1: turns must be a non-empty list"),
+        ([{"question_id": 1.5, "category": "writing", "turns": ["hi"]}], ":1: question_id must be"),
+        ([{"question_id": 1, "category": 7, "turns": ["hi"]}], ":1: category must be a non-empty string"),
+        (["[1, 2]"], ":1: expected a JSON object"),
+        ([PROMPTS[0], PROMPTS[0]], ":2: question_id 1 is already used on line 1"),
+        ([], ": no prompts"),
+        (["", "  "], ": no prompts"),
+    ],
+)
+def test_malformed_datasets_are_rejected_naming_the_line(tmp_path, lines, expected):
+    path = write_jsonl(tmp_path / "prompts.jsonl", lines)
+    with pytest.raises(UsageError) as caught:
+        load_prompts(path)
+    assert str(caught.value).startswith(f"{path}{expected}")
+    assert "\n" not in str(caught.value)
+
+
+def test_cli_reports_a_bad_dataset_in_one_line_before_loading_models(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "prompts.jsonl", [PROMPTS[0], "{oops"])
+    code = main(["bench", "--model", str(tmp_path / "no-model"), "--dataset", str(path), "--out", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.count("\n") == 1 and f"{path}:2: not valid JSON" in error
+
+
+def test_selection_takes_the_first_prompts_of_each_category(tmp_path):
+    prompts = load_prompts(write_jsonl(tmp_path / "prompts.jsonl", PROMPTS))
+    assert [p.question_id for p in select_prompts(prompts, limit=1)] == [1, 2]
+    assert [p.question_id for p in select_prompts(prompts, categories=["coding"])] == [2, "q3"]
+    assert select_prompts(prompts)[2].first_turn == PROMPTS[2]["turns"][0]
+    with pytest.raises(UsageError, match="unknown categories math; the dataset has: writing, coding"):
+        select_prompts(prompts, categories=["math"])
+
+
+def test_expected_tokens_per_step():
+    assert costs.expected_tokens_per_step(0.0, 4) == 1.0
+    assert costs.expected_tokens_per_step(1.0, 4) == 5.0
+    assert costs.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+
+
+def test_predicted_speedups():
+    verify_cost = {0: 1.0, 1: 1.2, 2: 1.5}
+    assert costs.predicted_speedup(0.5, 2, 0.1, verify_cost) == pytest.approx(1.75 / (0.2 + 1.5))
+    assert costs.predicted_speedup(0.5, 3, 0.1, verify_cost) is None
+    shares = costs.draft_length_shares(10, [6, 3])  # 4 steps drafted 0 tokens, 3 drafted 1, 3 drafted 2
+    assert shares == pytest.approx({0: 0.4, 1: 0.3, 2: 0.3})
+    expected_verify = 0.4 * 1.0 + 0.3 * 1.2 + 0.3 * 1.5
+    assert costs.step_mix_speedup(1.4, 0.05, shares, verify_cost) == pytest.approx(1.4 / (0.05 + expected_verify))
+    assert costs.step_mix_speedup(1.4, 0.05, {3: 1.0}, verify_cost) is None
+
+
+def test_k_list_passes_words_through():
+    from quickdraft.commands.bench_cmd import _k_list
+
+    assert _k_list("1, 2,auto") == [1, 2, "auto"]
