@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-DEMO_PROMPT ?= Summarise in two sentences: speculative decoding lets a cheap drafter propose several tokens that the target model verifies in one forward pass, keeping the longest agreeing prefix. The output is exactly what the target alone would write, only faster, because decoding is bound by memory traffic rather than arithmetic.
+DEMO_PROMPT ?= Rewrite this paragraph in the past tense: Every morning I walk to the market. I buy fresh bread, cheese and fruit. I talk with the baker about the weather and the news. Then I walk home along the river, watch the boats, and cook breakfast for my family.
 
 .PHONY: setup demo test clean
 
