@@ -139,6 +139,14 @@ def test_report_and_plots_are_written(ngram_run):
         assert f"]({name})" in report
 
 
+def test_from_results_rerenders_the_same_report_without_measuring(ngram_run, tmp_path):
+    out, _ = ngram_run
+    assert main(["bench", "--from-results", str(out / "results.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text() == (out / "report.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads((out / "results.json").read_text())
+    assert all((tmp_path / name).exists() for name in PLOTS)
+
+
 def test_draft_model_runs_in_quickdraft_and_as_transformers_assistant(tmp_path, tiny_dirs):
     pytest.importorskip("quickdraft.models.store")  # draft models load by name through the model store
     results = run_bench(tmp_path, tiny_dirs["llama"], f"none,{tiny_dirs['llama']}", k="2")

@@ -54,46 +54,52 @@ def _speedup_by_category(results: dict, axes) -> None:
 
 def _acceptance_by_position(results: dict, axes) -> None:
     figures = results["summary"]["groups"][OVERALL]
-    drawn = 0
+    longest = 0  # most draft positions of any method; 0 when none drafted
     for method, f in figures.items():
         rates = f["acceptance_by_position"]
         if rates:
             axes.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
-            drawn += 1
-    if not drawn:
+            longest = max(longest, len(rates))
+    if not longest:
         axes.text(0.5, 0.5, "no method drafted any token", ha="center", va="center", transform=axes.transAxes)
     axes.set_ylim(0, 1.05)
+    axes.set_xticks(range(1, longest + 1))
     axes.set_xlabel("draft position")
-    axes.set_ylabel("P(accepted | drafted, earlier accepted)")
+    axes.set_ylabel("accepted / drafted at this position")
     axes.set_title("acceptance by draft position (all prompts)")
-    if drawn:
+    if longest:
         axes.legend(fontsize=7)
 
 
 def _speedup_vs_k(results: dict, axes) -> None:
     figures = results["summary"]["groups"][OVERALL]
-    costs = results["summary"]["costs"]
     by_drafter: dict[str, list[dict]] = {}
     for method in results["methods"]:
         if method["family"] == "quickdraft" and method["name"] != BASELINE and isinstance(method["k"], int):
             by_drafter.setdefault(method["drafter"], []).append(method)
     for drafter, methods in by_drafter.items():
-        ks = [m["k"] for m in methods]
-        achieved = [figures[m["name"]]["speedup"] for m in methods]
-        medians = [s["median"] if s else 0.0 for s in achieved]
-        spread = [[s["median"] - s["min"] if s else 0.0 for s in achieved], [s["max"] - s["median"] if s else 0.0 for s in achieved]]
-        line = axes.errorbar(ks, medians, yerr=spread, marker="o", capsize=3, label=f"qd:{drafter} achieved")
-        predicted = [costs[m["name"]]["predicted"] for m in methods]
-        if all(p is not None for p in predicted):
-            axes.plot(ks, predicted, linestyle="--", color=line[0].get_color(), label=f"qd:{drafter} predicted")
-    for method in results["methods"]:
-        if method["family"] == "transformers" and figures[method["name"]]["speedup"]:
-            axes.axhline(figures[method["name"]]["speedup"]["median"], linestyle=":", linewidth=1, color="gray")
-            axes.annotate(method["name"], (0.01, figures[method["name"]]["speedup"]["median"]), xycoords=("axes fraction", "data"), fontsize=7)
+        _draw_drafter_vs_k(axes, results, drafter, methods)
+    peers = [m["name"] for m in results["methods"] if m["family"] == "transformers" and figures[m["name"]]["speedup"]]
+    for name, style in zip(peers, [":", (0, (1, 4)), (0, (5, 5)), (0, (3, 1, 1, 1))]):
+        axes.axhline(figures[name]["speedup"]["median"], linestyle=style, linewidth=1.2, color="gray", label=name)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(sorted({m["k"] for methods in by_drafter.values() for m in methods}))
     axes.set_xlabel("k (most draft tokens per step)")
     axes.set_ylabel(f"speedup vs {BASELINE}")
-    axes.set_title("speedup vs k (dotted: transformers peers)")
-    if by_drafter:
-        axes.legend(fontsize=7)
+    axes.set_title("speedup vs k (gray: transformers peers)")
+    axes.legend(fontsize=7)
+
+
+def _draw_drafter_vs_k(axes, results: dict, drafter: str, methods: list[dict]) -> None:
+    """Achieved speedup with its spread over repeats, and both predictions, for one drafter."""
+    figures = results["summary"]["groups"][OVERALL]
+    costs = results["summary"]["costs"]
+    ks = [m["k"] for m in methods]
+    achieved = [figures[m["name"]]["speedup"] for m in methods]
+    medians = [s["median"] if s else 0.0 for s in achieved]
+    spread = [[s["median"] - s["min"] if s else 0.0 for s in achieved], [s["max"] - s["median"] if s else 0.0 for s in achieved]]
+    line = axes.errorbar(ks, medians, yerr=spread, marker="o", capsize=3, label=f"qd:{display_name(drafter)} achieved")
+    for key, style, label in (("predicted", "--", "predicted (i.i.d.)"), ("predicted_step_mix", "-.", "predicted (step mix)")):
+        predicted = [costs[m["name"]][key] for m in methods]
+        if all(p is not None for p in predicted):
+            axes.plot(ks, predicted, linestyle=style, color=line[0].get_color(), label=f"qd:{display_name(drafter)} {label}")

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
     parser.add_argument("--drafters", default="none,ngram", type=_comma_list, help="comma list: none, ngram, draft model names/paths (default none,ngram); none, the baseline, always runs")
     parser.add_argument("--k", default="4", type=_k_list, help="comma list of draft lengths, e.g. 1,2,4,8; each drafter runs at each k (default 4)")
-    parser.add_argument("--dataset", required=True, type=Path, help="JSONL prompts in the Spec-Bench format (question_id, category, turns)")
+    parser.add_argument("--dataset", type=Path, help="JSONL prompts in the Spec-Bench format (question_id, category, turns); required unless --from-results")
     parser.add_argument("--categories", default=None, type=_comma_list, help="comma list of categories to run (default all)")
     parser.add_argument("--limit", type=int, default=None, help="run the first N prompts of each category (default all)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="most new tokens per generation (default 128); EOS ends earlier")
@@ -34,17 +34,41 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default 0)")
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--from-results", type=Path, metavar="RESULTS_JSON", help="measure nothing: redo the summary, report.md and plots of an earlier results.json into --out")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from quickdraft.bench.report import method_table
+    from quickdraft.bench.summary import OVERALL
+
+    out = _output_dir(args.out)
+    results = _read_results(args.from_results) if args.from_results else _measure(args)
+    paths = write_outputs(results, out)
+    print(method_table(results["summary"]["groups"][OVERALL]))
+    print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def write_outputs(results: dict, out: Path) -> list[Path]:
+    """Summarize `results` into it, then write results.json, report.md and the plots; returns the paths."""
+    from quickdraft.bench.plots import write_plots
+    from quickdraft.bench.report import render_report
+    from quickdraft.bench.summary import summarize
+
+    results["summary"] = summarize(results)
+    (out / "results.json").write_text(json.dumps(results))
+    (out / "report.md").write_text(render_report(results))
+    return [out / "results.json", out / "report.md", *write_plots(results, out)]
+
+
+def _measure(args: argparse.Namespace) -> dict:
     from transformers.utils import logging as transformers_logging
 
-    from quickdraft.bench.plots import write_plots
-    from quickdraft.bench.report import method_table, render_report
     from quickdraft.bench.runner import BenchConfig, run_bench
-    from quickdraft.bench.summary import OVERALL, summarize
 
+    if args.dataset is None:
+        raise UsageError("--dataset is required to measure; pass a JSONL prompt file (or --from-results to re-render)")
     config = BenchConfig(
         model=args.model, dataset=args.dataset, drafters=tuple(args.drafters), ks=tuple(args.k),
         categories=tuple(args.categories) if args.categories else None, limit=args.limit,
@@ -52,18 +76,20 @@ def run(args: argparse.Namespace) -> int:
         hf_lookup_tokens=args.hf_lookup_tokens, runtime=args.runtime, dtype=args.dtype, seed=args.seed,
         progress=not args.no_progress,
     )
-    out = _output_dir(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers_logging.set_verbosity_error()
-    results = run_bench(config)
-    results["summary"] = summarize(results)
-    (out / "results.json").write_text(json.dumps(results))
-    (out / "report.md").write_text(render_report(results))
-    plots = write_plots(results, out)
-    print(method_table(results["summary"]["groups"][OVERALL]))
-    print(f"\nwrote {out / 'results.json'}, {out / 'report.md'}, " + ", ".join(str(p) for p in plots), file=sys.stderr)
-    return 0
+    return run_bench(config)
+
+
+def _read_results(path: Path) -> dict:
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}; pass a results.json written by quickdraft bench") from exc
+    if not isinstance(results, dict) or "measurements" not in results:
+        raise UsageError(f"{path} has no measurements; pass a results.json written by quickdraft bench")
+    return results
 
 
 def _output_dir(path: Path) -> Path:
