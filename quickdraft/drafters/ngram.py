@@ -15,6 +15,7 @@ from quickdraft.models.loading import LoadedModel
 
 class NgramDrafter:
     name = "ngram"
+    lookup_only = True  # a proposal costs a search of the context, no model forward
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n = min_n

@@ -1,0 +1,108 @@
+"""What a step costs, in seconds: the target's forward over n tokens, and a drafter's tokens.
+
+`TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
+n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`. `calibrate_target`
+measures the shape once per engine (medians of a few forwards of 1..max_tokens tokens after a
+short prefill); every step then refines it from its own timing: a persistent change hitting
+every size (another process taking the CPU, a longer context) moves `scale`, a change at one
+size moves that size. Updates are exponential moving averages in log space with clipped
+residuals, so one stall cannot swing a decision. `DraftCost` is the same idea for a drafter:
+seconds per drafted token.
+"""
+
+import math
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Drafter
+from quickdraft.models.base import ModelRunner
+
+SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
+SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
+DRAFT_RATE = 0.2  # weight of one step's timing in a drafter's cost per token
+MAX_LOG_RESIDUAL = math.log(3.0)  # one timing moves an estimate as if it were at most 3x off
+CALIBRATION_CONTEXT = 32  # tokens prefilled before timing forwards
+CALIBRATION_REPEATS = 3  # timings per size; the median is kept
+
+
+class TargetCost:
+    """t(n): seconds of one target step that feeds n tokens."""
+
+    def __init__(self, seconds: Sequence[float]) -> None:
+        self._shape = list(seconds)  # [max_tokens]: t(1), t(2), ...
+        self._scale = 1.0
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self._shape)
+
+    def seconds(self, tokens: int) -> float:
+        """t(tokens), never below t of fewer tokens (feeding more tokens cannot be cheaper)."""
+        return self._scale * max(self._shape[:tokens])
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
+        self._scale *= math.exp(SCALE_RATE * residual)
+        self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
+
+
+class DraftCost:
+    """Seconds a drafter spends per drafted token."""
+
+    def __init__(self, seconds_per_token: float) -> None:
+        self.seconds_per_token = seconds_per_token
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        residual = _clipped_log_ratio(seconds / tokens, self.seconds_per_token)
+        self.seconds_per_token *= math.exp(DRAFT_RATE * residual)
+
+
+def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
+    """Time forwards of 1..max_tokens tokens after a short dummy prefill (the cache is left dirty).
+
+    Sizes are interleaved within each round, so a load change during calibration hits all alike.
+    """
+    context = _dummy_context(runner.info.vocab_size)
+    runner.prefill(context)
+
+    def forward(tokens: int) -> float:
+        started = time.perf_counter()
+        runner.forward(context[:tokens])
+        runner.rollback(CALIBRATION_CONTEXT)
+        return time.perf_counter() - started
+
+    forward(max_tokens)  # warm-up: first calls allocate
+    sizes = range(1, max_tokens + 1)
+    rounds = [[forward(size) for size in sizes] for _ in range(CALIBRATION_REPEATS)]  # [repeats][sizes]
+    return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
+
+
+def calibrate_drafter(drafter: Drafter, vocab_size: int, tokens: int = 3) -> DraftCost:
+    """Time greedy proposals of `tokens` tokens continuing a dummy context (after one untimed warm-up proposal)."""
+    context = _dummy_context(vocab_size)
+    drafter.begin(context, SamplingParams(), torch.Generator())
+    drafter.propose(context, 1)
+    seconds = _median_seconds(lambda: drafter.propose(context, tokens))
+    return DraftCost(max(seconds, 1e-9) / tokens)
+
+
+def _dummy_context(vocab_size: int) -> list[int]:
+    return [token % vocab_size for token in range(1, CALIBRATION_CONTEXT + 1)]
+
+
+def _median_seconds(action: Callable[[], object]) -> float:
+    timings = []
+    for _ in range(CALIBRATION_REPEATS):
+        started = time.perf_counter()
+        action()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def _clipped_log_ratio(measured: float, predicted: float) -> float:
+    ratio = math.log(max(measured, 1e-9) / max(predicted, 1e-9))
+    return min(max(ratio, -MAX_LOG_RESIDUAL), MAX_LOG_RESIDUAL)
