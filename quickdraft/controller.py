@@ -23,12 +23,14 @@ its k is capped by the proposal's length, its drafting cost is 0, and its accept
 every step from the proposal whether or not it was verified (`acceptance.outcomes`). A model
 drafter is only observed when it drafts; once the controller stops using it, exploration credit
 (EXPLORATION_BUDGET tokens per token produced) accumulates, and when the credit covers the
-expected loss of a 1-token probe, the step drafts 1 token with it. Probing therefore costs at
-most about EXPLORATION_BUDGET of the output's worth of time, yet a drafter that has become good
-is found again.
+expected loss of a 1-token probe, the step drafts 1 token with it. The loss counts the time the
+drafter needs to catch up on the text produced since it last drafted (its cache lags). Probing
+therefore costs at most about EXPLORATION_BUDGET of the output's worth of time, yet a drafter
+that has become good is found again, as long as catching up is cheap enough to fit the budget.
+A regular (non-probe) choice does not count catch-up: starting to use a drafter pays it once and
+the rule judges the steps that follow.
 """
 
-import time
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
@@ -104,7 +106,6 @@ class Plan:
     drafter: str | None  # the drafter to draft with; None: plain decoding
     k: int  # tokens to draft (a lookup's proposal is cut to k)
     lookups: Mapping[str, Draft] = field(default_factory=dict)  # proposals made before deciding, by drafter name
-    lookup_seconds: float = 0.0  # time spent making them
 
 
 class Controller(Protocol):
@@ -170,20 +171,22 @@ class AdaptiveController:
         self._k_max = k_max
         self._estimates = {name: AcceptanceEstimate(k_max, memory.acceptance.get(name, ())) for name in drafters}
         self._credit = {name: 0.0 for name, drafter in drafters.items() if not is_lookup(drafter)}  # model drafters
+        self._fed = dict.fromkeys(self._credit, 0)  # context length each model drafter has caught up to
+        self._context_length = 0  # of the step being planned
         self._speed = RateMeter()
 
     def plan(self, context: list[int], limit: int) -> Plan:
         limit = min(limit, self._k_max)
         if limit < 1:
             return Plan(None, 0)
-        started = time.perf_counter()
+        self._context_length = len(context)
         lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if is_lookup(d)}
         target_seconds = [self._memory.target.seconds(n) for n in range(1, limit + 2)]  # [limit + 1]
         usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
         options = [self._option(name, lookups, limit) for name in usable]
         reference_rate = max(self._speed.rate() or best_rate(options, target_seconds), 1.0 / target_seconds[0])
         choice = self._explore(choose(options, target_seconds, reference_rate), options, target_seconds, reference_rate)
-        return Plan(choice.drafter, choice.k, lookups, time.perf_counter() - started)
+        return Plan(choice.drafter, choice.k, lookups)
 
     def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
         produced = verdict.tokens
@@ -192,13 +195,18 @@ class AdaptiveController:
             self._estimates[name].observe(outcomes(proposal.token_ids, produced))
         if plan.drafter in self._credit and len(draft):
             self._estimates[plan.drafter].observe(outcomes(draft.token_ids, produced))
-            self._memory.draft_costs[plan.drafter].observe(len(draft), draft_seconds)
+            self._memory.draft_costs[plan.drafter].observe(len(draft), self._behind(plan.drafter), draft_seconds)
+            self._fed[plan.drafter] = self._context_length + len(produced) - 1  # its cache holds the accepted draft
         for name in self._credit:
             self._credit[name] = 0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
         self._memory.target.observe(len(draft) + 1, target_seconds)
 
     def finish(self) -> None:
         self._memory.acceptance.update({name: tuple(estimate.means()) for name, estimate in self._estimates.items()})
+
+    def _behind(self, drafter: str) -> int:
+        """Tokens of context the model drafter has to catch up on before proposing."""
+        return self._context_length - self._fed[drafter]
 
     def _priced_seconds(self, drafter: str | None, k: int) -> float:
         """What the cost model says a step drafting k tokens with `drafter` takes (a lookup's time is not counted)."""
@@ -215,7 +223,8 @@ class AdaptiveController:
         """A 1-token probe of a model drafter instead, when its credit covers the probe's expected loss."""
         for option in options:
             if option.name in self._credit and option.name != choice.drafter:
-                probe_value = step_value(option, 1, target_seconds, reference_rate)
+                catch_up = self._behind(option.name) * self._memory.draft_costs[option.name].seconds_per_catch_up_token
+                probe_value = step_value(option, 1, target_seconds, reference_rate) - reference_rate * catch_up
                 loss = choice.value - probe_value
                 if self._credit[option.name] >= loss:
                     self._credit[option.name] -= loss

@@ -6,8 +6,9 @@ measures the shape once per engine (medians of a few forwards of 1..max_tokens t
 short prefill); every step then refines it from its own timing: a persistent change hitting
 every size (another process taking the CPU, a longer context) moves `scale`, a change at one
 size moves that size. Updates are exponential moving averages in log space with clipped
-residuals, so one stall cannot swing a decision. `DraftCost` is the same idea for a drafter:
-seconds per drafted token.
+residuals, so one stall cannot swing a decision. `DraftCost` is the same idea for a model
+drafter: seconds per drafted token, plus seconds per token of context it must catch up on when
+it has not drafted for a while (its cache then lags the committed text).
 """
 
 import math
@@ -23,7 +24,8 @@ from quickdraft.models.base import ModelRunner
 
 SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
 SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
-DRAFT_RATE = 0.2  # weight of one step's timing in a drafter's cost per token
+DRAFT_RATE = 0.2  # weight of one step's timing in a drafter's costs
+CATCH_UP_THRESHOLD = 4  # a drafter this many tokens behind (or more) is timed as catching up
 MAX_LOG_RESIDUAL = math.log(3.0)  # one timing moves an estimate as if it were at most 3x off
 CALIBRATION_CONTEXT = 32  # tokens prefilled before timing forwards
 CALIBRATION_REPEATS = 3  # timings per size; the median is kept
@@ -41,8 +43,9 @@ class TargetCost:
         return len(self._shape)
 
     def seconds(self, tokens: int) -> float:
-        """t(tokens), never below t of fewer tokens (feeding more tokens cannot be cheaper)."""
-        return self._scale * max(self._shape[:tokens])
+        """t(tokens). Not forced to grow with `tokens`: kernels differ by size, and a size that is
+        measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing."""
+        return self._scale * self._shape[tokens - 1]
 
     def observe(self, tokens: int, seconds: float) -> None:
         residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
@@ -51,14 +54,20 @@ class TargetCost:
 
 
 class DraftCost:
-    """Seconds a drafter spends per drafted token."""
+    """Seconds a model drafter spends: per drafted token, and per token it is behind the context."""
 
-    def __init__(self, seconds_per_token: float) -> None:
+    def __init__(self, seconds_per_token: float, seconds_per_catch_up_token: float = 0.0) -> None:
         self.seconds_per_token = seconds_per_token
+        self.seconds_per_catch_up_token = seconds_per_catch_up_token
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        residual = _clipped_log_ratio(seconds / tokens, self.seconds_per_token)
-        self.seconds_per_token *= math.exp(DRAFT_RATE * residual)
+    def observe(self, tokens: int, behind: int, seconds: float) -> None:
+        """A proposal of `tokens` tokens made `behind` tokens after the drafter's last one took `seconds`."""
+        if behind < CATCH_UP_THRESHOLD:
+            residual = _clipped_log_ratio(seconds / tokens, self.seconds_per_token)
+            self.seconds_per_token *= math.exp(DRAFT_RATE * residual)
+            return
+        catch_up = max(seconds - tokens * self.seconds_per_token, 0.0) / behind  # rarely seen: a plain average
+        self.seconds_per_catch_up_token += DRAFT_RATE * (catch_up - self.seconds_per_catch_up_token)
 
 
 def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
@@ -81,13 +90,16 @@ def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
     return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
 
 
-def calibrate_drafter(drafter: Drafter, vocab_size: int, tokens: int = 3) -> DraftCost:
-    """Time greedy proposals of `tokens` tokens continuing a dummy context (after one untimed warm-up proposal)."""
+def calibrate_drafter(drafter: Drafter, vocab_size: int, tokens: int = 3, behind: int = 16) -> DraftCost:
+    """Time greedy proposals on a dummy context: one `behind` tokens after the last, then `tokens`-token ones."""
     context = _dummy_context(vocab_size)
     drafter.begin(context, SamplingParams(), torch.Generator())
+    drafter.propose(context[:-behind], 1)  # warm-up, and the cache now lags the context by `behind` tokens
+    started = time.perf_counter()
     drafter.propose(context, 1)
-    seconds = _median_seconds(lambda: drafter.propose(context, tokens))
-    return DraftCost(max(seconds, 1e-9) / tokens)
+    catch_up_seconds = time.perf_counter() - started
+    per_token = max(_median_seconds(lambda: drafter.propose(context, tokens)), 1e-9) / tokens
+    return DraftCost(per_token, max(catch_up_seconds - per_token, 0.0) / behind)
 
 
 def _dummy_context(vocab_size: int) -> list[int]:

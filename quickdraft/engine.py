@@ -87,6 +87,10 @@ class Engine:
             self._drafters[name] = make_drafter(name, self.target, self.spec, self.drafter_options)
         return self._drafters[name]
 
+    def add_drafter(self, name: str, drafter: Drafter) -> None:
+        """Use `drafter` for the name `name` in SpecConfig.drafter (e.g. a draft model loaded by the caller)."""
+        self._drafters[name] = drafter
+
     def calibrate(self, spec: SpecConfig | None = None) -> ControllerMemory:
         """Measure, once per engine, the target's step time over 1..k_max+1 tokens and each model drafter's time per token.
 

@@ -130,10 +130,14 @@ def test_target_cost_is_monotone_and_its_scale_follows_load():
     assert cost.seconds(2) < 3 * 1.2 * 2
 
 
-def test_draft_cost_converges_to_the_measured_cost_per_token():
+def test_draft_cost_learns_the_cost_per_token_and_of_catching_up():
     cost = DraftCost(1.0)
     for _ in range(40):
-        cost.observe(4, 0.8)
+        cost.observe(4, 1, 0.8)
+    assert cost.seconds_per_token == pytest.approx(0.2, rel=0.02)
+    for _ in range(40):
+        cost.observe(1, 20, 0.2 + 20 * 0.05)  # 20 tokens behind: 0.05 s each on top of the drafted token
+    assert cost.seconds_per_catch_up_token == pytest.approx(0.05, rel=0.02)
     assert cost.seconds_per_token == pytest.approx(0.2, rel=0.02)
 
 
@@ -168,21 +172,23 @@ class FakeLookup:
         return Draft(token_ids=self.proposal[:k])
 
 
-def simulate(controller, drafters, steps: int, target_token: int):
-    """Run `steps` steps on a synthetic clock: t(n) = LINEAR_TARGET, model drafting 0.3 s per token.
+def simulate(controller, drafters, steps: int, target_token: int, catch_up: float = 0.0):
+    """Run `steps` steps on a synthetic clock: t(n) = LINEAR_TARGET, model drafting 0.3 s per token
+    plus `catch_up` s per token produced since it last drafted.
 
     Returns the plans' (drafter, k) and the tokens and seconds of the whole run.
     """
-    choices, tokens, seconds = [], 0, 0.0
+    choices, tokens, seconds, behind = [], 0, 0.0, 0
     for _ in range(steps):
-        plan = controller.plan([1, 2, 3], K_MAX)
+        plan = controller.plan(list(range(tokens + 3)), K_MAX)
         if plan.drafter in plan.lookups:
             draft = plan.lookups[plan.drafter].truncated(plan.k)
         else:
             draft = drafters[plan.drafter].propose([], plan.k) if plan.k else Draft(())
         accepted = sum(outcomes(draft.token_ids, (target_token,) * len(draft)))
-        draft_seconds = 0.3 * len(draft) if plan.drafter == "model" else 0.0
+        draft_seconds = 0.3 * len(draft) + catch_up * behind if plan.drafter == "model" else 0.0
         controller.observe(plan, draft, Verdict(accepted, (target_token,) * (accepted + 1)), draft_seconds, LINEAR_TARGET[len(draft)])
+        behind = 1 if plan.drafter == "model" else behind + accepted + 1
         choices.append((plan.drafter, plan.k))
         tokens += accepted + 1
         seconds += draft_seconds + LINEAR_TARGET[len(draft)]
@@ -205,6 +211,14 @@ def test_a_hopeless_model_drafter_is_dropped_at_once_and_probed_within_the_budge
     first_plain = ks.index(0)
     assert first_plain <= 2
     assert 0 < sum(k > 0 for k in ks[first_plain:]) <= 1000 // 15  # probes, and few of them
+    assert tokens / seconds >= 0.97 * PLAIN_RATE
+
+
+@pytest.mark.parametrize("catch_up", [0.01, 0.1])
+def test_probes_stay_within_budget_when_the_drafter_must_catch_up(catch_up):
+    drafters = {"model": FakeModel()}
+    controller = AdaptiveController(drafters, fresh_memory(), K_MAX)
+    choices, tokens, seconds = simulate(controller, drafters, 1000, target_token=3, catch_up=catch_up)
     assert tokens / seconds >= 0.97 * PLAIN_RATE
 
 
@@ -358,12 +372,14 @@ def test_sampling_with_auto_runs_and_reports_its_choices(tiny_models, engines):
     assert "k_histogram" in stats.to_dict() and "drafter_steps" in stats.to_dict()
 
 
-def test_calibration_is_done_once_per_engine(tiny_models):
-    engine = Engine(tiny_models["llama"], SpecConfig(drafter="ngram"))
+def test_calibration_is_done_once_per_engine(tiny_models, tiny_dirs):
+    engine = auto_engine(tiny_models["llama"], {"draft-other": tiny_dirs["llama-other"]}, "ngram,draft-other", pinned=None)
     memory = engine.calibrate()
     assert memory.target.max_tokens == K_MAX + 1 and memory.target.seconds(1) > 0
+    assert set(memory.draft_costs) == {"draft-other"} and memory.draft_costs["draft-other"].seconds_per_token > 0
     engine.generate("Once upon a time", SamplingParams(max_new_tokens=5))
     assert engine.calibrate() is memory
+    assert engine.calibrate(SpecConfig(drafter="ngram", k_max=12)).target.max_tokens == 13  # a longer k_max recalibrates
 
 
 def test_auto_with_no_drafter_is_plain_decoding(tiny_models):
