@@ -7,28 +7,28 @@ time t(n) over n fed tokens:
     E(d, k) = 1 + sum_{i<=k} prod_{j<=i} a_j        expected tokens the step yields
     T(d, k) = k * c_d + t(k + 1)                     expected seconds it takes     (k = 0: 1, t(1))
 
-A generation is a sequence of steps, so its speed is sum(tokens) / sum(seconds). Renewal-reward
-theory (Dinkelbach's method for ratio objectives) says the speed is maximised by choosing, every
-step, the option with the largest E - rho * T, where rho is the speed the policy achieves. Steps
-are not alike (an n-gram lookup finds a long match, a short one or none), and this rule is what
-makes the difference: a step whose extra tokens cost more time than they would take at the
-generation's own speed is not worth drafting, even if its own ratio E / T beats plain decoding.
-When every step offers the same options it picks exactly the k that maximises E / T. The
-controller uses rho = its speed over the request's recent steps (tokens produced over the time the
-cost model gives their choices, so rho is in the model's units and free of timing noise; at the
-first step the best E / T on offer), never below plain decoding's 1 / t(1), reachable by any policy.
+and the step takes the (d, k) with the largest E / T, tokens per second; plain decoding, 1 / t(1),
+is always on offer, so drafting is chosen only where it is expected to pay. This is ENGINEERING.md's
+formula with two refinements: acceptance by position instead of one rate (an n-gram proposal that
+starts right tends to stay right), and t(n) measured per size rather than assumed to grow (on CPU
+some sizes run faster kernels). A renewal-reward variant (maximise E - rho * T with rho the
+request's measured speed, better in theory when steps differ) was tried on recorded outputs and
+did no better: rho lags behind the text and overreacts after long copied spans.
 
-A lookup drafter (n-gram) proposes before the decision: its proposal costs only the lookup, so
-its k is capped by the proposal's length, its drafting cost is 0, and its acceptance is learnt at
-every step from the proposal whether or not it was verified (`acceptance.outcomes`). A model
-drafter is only observed when it drafts; once the controller stops using it, exploration credit
-(EXPLORATION_BUDGET tokens per token produced) accumulates, and when the credit covers the
-expected loss of a 1-token probe, the step drafts 1 token with it. The loss counts the time the
-drafter needs to catch up on the text produced since it last drafted (its cache lags). Probing
-therefore costs at most about EXPLORATION_BUDGET of the output's worth of time, yet a drafter
-that has become good is found again, as long as catching up is cheap enough to fit the budget.
-A regular (non-probe) choice does not count catch-up: starting to use a drafter pays it once and
-the rule judges the steps that follow.
+Acceptance is learnt per drafter and per `Draft.source` (for n-gram, the length of the matched
+suffix: a 4-gram match is far more reliable than a 1-gram one). A lookup drafter (n-gram)
+proposes before the decision: its proposal costs only the lookup, so its k is capped by the
+proposal's length, its drafting cost is 0, and its acceptance is learnt at every step from the
+proposal whether or not it was verified (`acceptance.outcomes`). A model drafter is only observed
+when it drafts; once the controller stops using it, exploration credit (EXPLORATION_BUDGET tokens
+per token produced) accumulates, and when the credit covers the expected loss of a 1-token probe,
+the step drafts 1 token with it. The loss, in tokens, is what the best choice would have produced
+in the probe's time, minus what the probe is expected to produce; the probe's time includes the
+drafter catching up on the text produced since it last drafted (its cache lags). Probing thus
+costs about EXPLORATION_BUDGET of the output's worth of time, and a drafter that has become good
+is found again as long as catching up is cheap enough to fit that budget. A regular (non-probe)
+choice does not count catch-up: starting to use a drafter pays it once and the rule judges the
+steps that follow.
 """
 
 from dataclasses import dataclass, field
@@ -40,7 +40,6 @@ from quickdraft.drafters.base import Draft, Drafter, is_lookup
 from quickdraft.verify import Verdict
 
 EXPLORATION_BUDGET = 0.02  # expected tokens a probe may lose, per token produced
-RATE_DECAY = 0.95  # weight kept by older steps in the measured speed (about 20 steps)
 
 
 @dataclass(frozen=True)
@@ -54,11 +53,16 @@ class DraftOption:
 
 @dataclass(frozen=True)
 class Choice:
-    """What one step does."""
+    """What one step does, and what it is expected to yield."""
 
     drafter: str | None  # None: plain decoding
     k: int  # tokens to draft; 0 exactly when drafter is None
-    value: float  # expected tokens - reference_rate * expected seconds
+    tokens: float  # E: expected tokens
+    seconds: float  # T: expected seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -70,33 +74,24 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
-def step_value(option: DraftOption, k: int, target_seconds: Sequence[float], reference_rate: float) -> float:
-    """E - rho * T of drafting k tokens with `option`; target_seconds[n - 1] is t(n)."""
+def estimate(option: DraftOption, k: int, target_seconds: Sequence[float]) -> Choice:
+    """E and T of drafting k tokens with `option`; target_seconds[n - 1] is t(n)."""
     seconds = k * option.seconds_per_token + target_seconds[k]
-    return expected_tokens(option.acceptance, k) - reference_rate * seconds
+    return Choice(option.name, k, expected_tokens(option.acceptance, k), seconds)
 
 
-def choose(options: Sequence[DraftOption], target_seconds: Sequence[float], reference_rate: float) -> Choice:
-    """The (drafter, k) with the largest E - rho * T; k = 0 (plain decoding) on ties.
+def choose(options: Sequence[DraftOption], target_seconds: Sequence[float]) -> Choice:
+    """The (drafter, k) with the most expected tokens per second; plain decoding wins ties.
 
     target_seconds: [k_limit + 1] t(1), t(2), ...: k is at most len(target_seconds) - 1.
     """
-    best = Choice(None, 0, 1.0 - reference_rate * target_seconds[0])
+    best = Choice(None, 0, 1.0, target_seconds[0])
     for option in options:
         for k in range(1, min(len(option.acceptance), len(target_seconds) - 1) + 1):
-            value = step_value(option, k, target_seconds, reference_rate)
-            if value > best.value:
-                best = Choice(option.name, k, value)
+            candidate = estimate(option, k, target_seconds)
+            if candidate.rate > best.rate:
+                best = candidate
     return best
-
-
-def best_rate(options: Sequence[DraftOption], target_seconds: Sequence[float]) -> float:
-    """The largest E / T on offer (plain decoding included): tokens per second of the best single choice."""
-    rates = [1.0 / target_seconds[0]]
-    for option in options:
-        for k in range(1, min(len(option.acceptance), len(target_seconds) - 1) + 1):
-            rates.append(expected_tokens(option.acceptance, k) / (k * option.seconds_per_token + target_seconds[k]))
-    return max(rates)
 
 
 @dataclass(frozen=True)
@@ -144,22 +139,7 @@ class ControllerMemory:
 
     target: TargetCost
     draft_costs: dict[str, DraftCost] = field(default_factory=dict)  # model drafters, by name
-    acceptance: dict[str, tuple[float, ...]] = field(default_factory=dict)  # last request's estimates, by drafter name
-
-
-class RateMeter:
-    """Tokens per second over recent steps (exponentially decayed sums)."""
-
-    def __init__(self) -> None:
-        self._tokens = 0.0
-        self._seconds = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        self._tokens = RATE_DECAY * self._tokens + tokens
-        self._seconds = RATE_DECAY * self._seconds + seconds
-
-    def rate(self) -> float | None:
-        return self._tokens / self._seconds if self._seconds > 0 else None
+    acceptance: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)  # by (drafter, source)
 
 
 class AdaptiveController:
@@ -169,11 +149,10 @@ class AdaptiveController:
         self._drafters = dict(drafters)
         self._memory = memory
         self._k_max = k_max
-        self._estimates = {name: AcceptanceEstimate(k_max, memory.acceptance.get(name, ())) for name in drafters}
+        self._estimates: dict[tuple[str, str], AcceptanceEstimate] = {}  # by (drafter, Draft.source)
         self._credit = {name: 0.0 for name, drafter in drafters.items() if not is_lookup(drafter)}  # model drafters
         self._fed = dict.fromkeys(self._credit, 0)  # context length each model drafter has caught up to
         self._context_length = 0  # of the step being planned
-        self._speed = RateMeter()
 
     def plan(self, context: list[int], limit: int) -> Plan:
         limit = min(limit, self._k_max)
@@ -184,17 +163,15 @@ class AdaptiveController:
         target_seconds = [self._memory.target.seconds(n) for n in range(1, limit + 2)]  # [limit + 1]
         usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
         options = [self._option(name, lookups, limit) for name in usable]
-        reference_rate = max(self._speed.rate() or best_rate(options, target_seconds), 1.0 / target_seconds[0])
-        choice = self._explore(choose(options, target_seconds, reference_rate), options, target_seconds, reference_rate)
+        choice = self._explore(choose(options, target_seconds), options, target_seconds)
         return Plan(choice.drafter, choice.k, lookups)
 
     def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
         produced = verdict.tokens
-        self._speed.add(len(produced), self._priced_seconds(plan.drafter, len(draft)))
         for name, proposal in plan.lookups.items():
-            self._estimates[name].observe(outcomes(proposal.token_ids, produced))
+            self._estimate(name, proposal.source).observe(outcomes(proposal.token_ids, produced))
         if plan.drafter in self._credit and len(draft):
-            self._estimates[plan.drafter].observe(outcomes(draft.token_ids, produced))
+            self._estimate(plan.drafter, draft.source).observe(outcomes(draft.token_ids, produced))
             self._memory.draft_costs[plan.drafter].observe(len(draft), self._behind(plan.drafter), draft_seconds)
             self._fed[plan.drafter] = self._context_length + len(produced) - 1  # its cache holds the accepted draft
         for name in self._credit:
@@ -202,31 +179,33 @@ class AdaptiveController:
         self._memory.target.observe(len(draft) + 1, target_seconds)
 
     def finish(self) -> None:
-        self._memory.acceptance.update({name: tuple(estimate.means()) for name, estimate in self._estimates.items()})
+        self._memory.acceptance.update({key: tuple(estimate.means()) for key, estimate in self._estimates.items()})
+
+    def _estimate(self, drafter: str, source: str) -> AcceptanceEstimate:
+        key = (drafter, source)
+        if key not in self._estimates:
+            self._estimates[key] = AcceptanceEstimate(self._k_max, self._memory.acceptance.get(key, ()))
+        return self._estimates[key]
 
     def _behind(self, drafter: str) -> int:
         """Tokens of context the model drafter has to catch up on before proposing."""
         return self._context_length - self._fed[drafter]
 
-    def _priced_seconds(self, drafter: str | None, k: int) -> float:
-        """What the cost model says a step drafting k tokens with `drafter` takes (a lookup's time is not counted)."""
-        draft_cost = self._memory.draft_costs.get(drafter) if drafter else None
-        return (k * draft_cost.seconds_per_token if draft_cost else 0.0) + self._memory.target.seconds(k + 1)
-
     def _option(self, name: str, lookups: Mapping[str, Draft], limit: int) -> DraftOption:
         proposal = lookups.get(name)
-        length = limit if proposal is None else len(proposal)
-        seconds = 0.0 if proposal is not None else self._memory.draft_costs[name].seconds_per_token
-        return DraftOption(name, tuple(self._estimates[name].means()[:length]), seconds)
+        if proposal is None:
+            cost = self._memory.draft_costs[name].seconds_per_token
+            return DraftOption(name, tuple(self._estimate(name, "").means()[:limit]), cost)
+        return DraftOption(name, tuple(self._estimate(name, proposal.source).means()[: len(proposal)]), 0.0)
 
-    def _explore(self, choice: Choice, options: list[DraftOption], target_seconds: list[float], reference_rate: float) -> Choice:
+    def _explore(self, choice: Choice, options: list[DraftOption], target_seconds: list[float]) -> Choice:
         """A 1-token probe of a model drafter instead, when its credit covers the probe's expected loss."""
         for option in options:
             if option.name in self._credit and option.name != choice.drafter:
+                probe = estimate(option, 1, target_seconds)
                 catch_up = self._behind(option.name) * self._memory.draft_costs[option.name].seconds_per_catch_up_token
-                probe_value = step_value(option, 1, target_seconds, reference_rate) - reference_rate * catch_up
-                loss = choice.value - probe_value
+                loss = choice.rate * (probe.seconds + catch_up) - probe.tokens  # tokens the best choice would add
                 if self._credit[option.name] >= loss:
                     self._credit[option.name] -= loss
-                    return Choice(option.name, 1, probe_value)
+                    return probe
         return choice

@@ -27,13 +27,14 @@ class Draft:
 
     token_ids: tuple[int, ...]  # [k'] with k' <= k
     probs: torch.Tensor | None = None  # [k', target_vocab] distributions the tokens were drawn from; None = point masses
+    source: str = ""  # what the proposal rests on (e.g. "3-gram"); the adaptive controller learns acceptance per source
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def truncated(self, k: int) -> "Draft":
         """The first k proposed tokens."""
-        return Draft(self.token_ids[:k], None if self.probs is None else self.probs[:k])
+        return Draft(self.token_ids[:k], None if self.probs is None else self.probs[:k], self.source)
 
 
 class Drafter(Protocol):

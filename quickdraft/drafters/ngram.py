@@ -31,7 +31,7 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(context_ids) - 1), self.min_n - 1, -1):
             start = _latest_match(context, n, k)
             if start is not None:
-                return Draft(token_ids=tuple(context_ids[start + n : start + n + k]))
+                return Draft(token_ids=tuple(context_ids[start + n : start + n + k]), source=f"{n}-gram")
         return Draft(token_ids=())
 
 
