@@ -2,11 +2,13 @@
 
 `TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
 n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`. `calibrate_target`
-measures the shape once per engine (medians of a few forwards of 1..max_tokens tokens after a
+measures the shape once per engine (medians of repeated forwards of 1..max_tokens tokens after a
 short prefill); every step then refines it from its own timing: a persistent change hitting
 every size (another process taking the CPU, a longer context) moves `scale`, a change at one
 size moves that size. Updates are exponential moving averages in log space with clipped
-residuals, so one stall cannot swing a decision. `DraftCost` is the same idea for a model
+residuals, so one stall cannot swing a decision, and the shape drifts back towards the
+calibrated one when a size is not observed: a size once timed slow (say during a stall) and then
+never chosen again cannot stay overpriced for ever. `DraftCost` is the same idea for a model
 drafter: seconds per drafted token, plus seconds per token of context it must catch up on when
 it has not drafted for a while (its cache then lags the committed text).
 """
@@ -24,18 +26,22 @@ from quickdraft.models.base import ModelRunner
 
 SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
 SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
+SHAPE_REVERSION = 0.02  # pull of every size's shape towards its calibrated value, per observed step
 DRAFT_RATE = 0.2  # weight of one step's timing in a drafter's costs
 CATCH_UP_THRESHOLD = 4  # a drafter this many tokens behind (or more) is timed as catching up
-MAX_LOG_RESIDUAL = math.log(3.0)  # one timing moves an estimate as if it were at most 3x off
+MAX_LOG_RESIDUAL = math.log(2.0)  # one timing moves an estimate as if it were at most 2x off
 CALIBRATION_CONTEXT = 32  # tokens prefilled before timing forwards
-CALIBRATION_REPEATS = 3  # timings per size; the median is kept
+CALIBRATION_REPEATS = 3  # timings per size at least; the median is kept
+CALIBRATION_MAX_REPEATS = 15  # fast models are timed again until CALIBRATION_SECONDS have passed
+CALIBRATION_SECONDS = 0.25
 
 
 class TargetCost:
     """t(n): seconds of one target step that feeds n tokens."""
 
     def __init__(self, seconds: Sequence[float]) -> None:
-        self._shape = list(seconds)  # [max_tokens]: t(1), t(2), ...
+        self._calibrated = list(seconds)  # [max_tokens]: t(1), t(2), ... as calibrated
+        self._shape = list(seconds)  # [max_tokens]: as refined
         self._scale = 1.0
 
     @property
@@ -48,6 +54,7 @@ class TargetCost:
         return self._scale * self._shape[tokens - 1]
 
     def observe(self, tokens: int, seconds: float) -> None:
+        self._shape = [shape * (calibrated / shape) ** SHAPE_REVERSION for shape, calibrated in zip(self._shape, self._calibrated)]
         residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
         self._scale *= math.exp(SCALE_RATE * residual)
         self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
@@ -86,7 +93,12 @@ def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
 
     forward(max_tokens)  # warm-up: first calls allocate
     sizes = range(1, max_tokens + 1)
-    rounds = [[forward(size) for size in sizes] for _ in range(CALIBRATION_REPEATS)]  # [repeats][sizes]
+    started = time.perf_counter()
+    rounds = []  # [repeats][sizes]
+    while len(rounds) < CALIBRATION_REPEATS or (
+        time.perf_counter() - started < CALIBRATION_SECONDS and len(rounds) < CALIBRATION_MAX_REPEATS
+    ):
+        rounds.append([forward(size) for size in sizes])
     return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
 
 

@@ -9,8 +9,9 @@
 One step: the controller chooses a drafter and k (fixed, or per step under k="auto", see
 `controller.py`); the drafter proposes k tokens; the target runs one forward over the pending
 token plus the draft; the verifier keeps a prefix of the draft and adds one target token; the
-caches are rolled back to the committed length; the controller learns from the outcome. The target cache always holds every committed token
-except the newest one (the *pending* token), which is fed with the next draft.
+caches are rolled back to the committed length; the controller learns from the outcome. The
+target cache always holds every committed token except the newest one (the *pending* token),
+which is fed with the next draft.
 """
 
 import time

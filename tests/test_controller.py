@@ -12,6 +12,7 @@ from quickdraft.controller import AdaptiveController, ControllerMemory, DraftOpt
 from quickdraft.costs import DraftCost, TargetCost
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model_dir
@@ -98,6 +99,12 @@ def test_acceptance_estimate_follows_a_change_within_a_few_observations():
     assert estimate.means()[0] > 0.7 and estimate.means()[1] > 0.7
 
 
+def test_ngram_proposals_name_the_matched_suffix_length_and_keep_it_when_cut():
+    drafter = NgramDrafter(min_n=1, max_n=3)
+    assert drafter.propose([1, 2, 3, 4, 9, 9, 1, 2, 3], 3).source == "3-gram"
+    assert drafter.propose([1, 2, 3, 4, 5, 7, 2, 3], 2).truncated(1) == Draft((4,), source="2-gram")
+
+
 def test_outcomes_compare_a_proposal_with_the_target_tokens():
     assert outcomes([5, 6, 7], [5, 6, 9, 1]) == [True, True, False]
     assert outcomes([5, 6, 7], [5, 6]) == [True, True]  # positions the target did not reach are not observed
@@ -108,12 +115,17 @@ def test_outcomes_compare_a_proposal_with_the_target_tokens():
 def test_target_cost_keeps_each_size_and_its_scale_follows_load():
     cost = TargetCost([1.0, 1.2, 1.1, 1.5])
     assert [cost.seconds(n) for n in (1, 2, 3, 4)] == [1.0, 1.2, 1.1, 1.5]
-    for _ in range(60):
+    for _ in range(300):
         cost.observe(1, 2.0)  # the machine got twice as slow; only plain steps are seen
     assert cost.seconds(1) == pytest.approx(2.0, rel=0.02)
     assert cost.seconds(4) > 1.5 * 1.3  # the other sizes were scaled up with it
+    assert cost.seconds(4) / cost.seconds(1) == pytest.approx(1.5, rel=0.1)  # sizes keep their calibrated ratios
+    before = cost.seconds(2)
     cost.observe(2, 1000.0)  # one stall moves an estimate by a bounded amount
-    assert cost.seconds(2) < 3 * 1.2 * 2
+    assert cost.seconds(2) < 1.2 * before
+    for _ in range(100):
+        cost.observe(1, 2.0)
+    assert cost.seconds(2) / cost.seconds(1) == pytest.approx(1.2, rel=0.05)  # and is forgotten once not seen again
 
 
 def test_draft_cost_learns_the_cost_per_token_and_of_catching_up():

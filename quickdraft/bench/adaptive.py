@@ -165,5 +165,16 @@ def adaptation(measurements: list[Measurement]) -> dict[str, float]:
     }
 
 
+def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
+    """The engine's cost model now: t(1) in ms, v(n) = t(n) / t(1), and model drafters' cost per token / t(1)."""
+    memory = engine.calibrate(spec)
+    t1 = memory.target.seconds(1)
+    return {
+        "t1_ms": 1000 * t1,
+        "v": [memory.target.seconds(n) / t1 for n in range(1, memory.target.max_tokens + 1)],
+        "draft_per_token_vs_t1": {name: cost.seconds_per_token / t1 for name, cost in memory.draft_costs.items()},
+    }
+
+
 def save_raw(measurements: list[Measurement], path: Path) -> None:
     path.write_text(json.dumps([asdict(m) for m in measurements]))

@@ -42,7 +42,7 @@ def _safety_section(case: dict) -> list[str]:
         "### Safety: a random-weight draft model", "",
         "| setting | tokens/s | vs target alone |", "|---|---|---|", *rows, "",
         f"Goal auto >= {SAFETY_GOAL}x target alone: **{ratio:.2f}x, {met}** (fixed k=4: {k4:.2f}x).",
-        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), "",
+        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), "",
     ]
 
 
@@ -62,7 +62,7 @@ def _quality_section(case: dict) -> list[str]:
         f"Goal auto >= {QUALITY_GOAL}x the best fixed k per category: worst category **{worst:.2f}x, "
         f"{'met' if worst >= QUALITY_GOAL else 'NOT met'}**. Goal auto faster than every fixed k overall: "
         f"**{'met' if not beaten else 'NOT met (' + ', '.join(beaten) + ' at least as fast)'}**.",
-        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), "",
+        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), "",
     ]
     return lines
 
@@ -86,6 +86,14 @@ def _adaptation_line(adaptation: dict) -> str:
         f"plain step, {adaptation['cold_drafting_steps']} drafting steps of {adaptation['cold_steps']}; over all its "
         f"requests it drafted on {adaptation['drafting_share']:.0%} of steps, mean k {adaptation['mean_k']:.2f}."
     )
+
+
+def _costs_line(costs: dict) -> str:
+    def describe(profile: dict) -> str:
+        drafts = "".join(f", {name} {ratio:.2f} t(1)/token" for name, ratio in profile["draft_per_token_vs_t1"].items())
+        return f"t(1) {profile['t1_ms']:.0f} ms, v(n) = t(n)/t(1) for n = 1.. " + " ".join(f"{v:.2f}" for v in profile["v"]) + drafts
+
+    return f"Cost model at the start: {describe(costs['start'])}; at the end: {describe(costs['end'])}."
 
 
 def _exactness_line(mismatches: list[str]) -> str:

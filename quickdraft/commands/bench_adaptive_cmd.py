@@ -52,12 +52,13 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(load_model_dir(target_dir, runtime="hf", name=args.model))
     results, raw = {}, []
     for case in cases:
-        measurements = _run_case(case, engine, target_dir, args, ks, out)
+        measurements, costs = _run_case(case, engine, target_dir, args, ks, out)
         raw += measurements
         results[case] = {
             "speeds": adaptive.speeds(measurements),
             "mismatches": adaptive.mismatches(measurements),
             "adaptation": adaptive.adaptation(measurements),
+            "costs": costs,
         }
     command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     (out / "adaptive.md").write_text(adaptive_report.markdown(results, command))
@@ -68,17 +69,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int], out: Path) -> list:
+def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int], out: Path) -> tuple[list, dict]:
+    """The case's measurements, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
         draft_dir = adaptive.random_draft_dir(target_dir, out / "models", args.draft_layers)
         adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT)
         firsts = adaptive.dev_prompts(Path(args.prompts), per_category=1)
         prompts = firsts[:: max(1, len(firsts) // args.safety_prompts)][: args.safety_prompts]
-        settings = adaptive.settings(RANDOM_DRAFT, ks, args.k_max)
-        return adaptive.run_case(engine, case, prompts, settings, args.safety_max_new_tokens, log)
-    prompts = adaptive.dev_prompts(Path(args.prompts), args.per_category)
-    return adaptive.run_case(engine, case, prompts, adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens, log)
+        settings, max_new_tokens = adaptive.settings(RANDOM_DRAFT, ks, args.k_max), args.safety_max_new_tokens
+    else:
+        prompts = adaptive.dev_prompts(Path(args.prompts), args.per_category)
+        settings, max_new_tokens = adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens
+    start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
+    measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, log)
+    return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
 
 
 def _model_dir(name_or_path: str) -> Path:
