@@ -45,19 +45,37 @@ class SamplingParams:
         return self.temperature == 0
 
 
+K_LIMIT = 64  # largest draft length anyone may ask for
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """How speculation is done for a request."""
 
-    drafter: str = "ngram"  # "none", "ngram", or a same-tokenizer draft model (name or path)
-    k: int = 4  # maximum number of draft tokens verified per target forward; 0 disables drafting
+    drafter: str = "ngram"  # "none", "ngram", a same-tokenizer draft model (name or path), or several joined by commas (auto only)
+    k: int | Literal["auto"] = "auto"  # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
+    k_max: int = 8  # auto: most draft tokens the controller may choose
     ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up
     ngram_min: int = 1  # ngram drafter: shortest suffix of the context to look up
 
     def __post_init__(self) -> None:
-        _require(self.k >= 0, f"k must be >= 0, got {self.k}; use 0 to disable drafting")
-        _require(self.k <= 64, f"k must be <= 64, got {self.k}")
+        _require(self.k == "auto" or (isinstance(self.k, int) and not isinstance(self.k, bool)), f"k must be an integer or 'auto', got {self.k!r}")
+        _require(self.adaptive or self.k >= 0, f"k must be >= 0, got {self.k}; use 0 to disable drafting")
+        _require(self.adaptive or self.k <= K_LIMIT, f"k must be <= {K_LIMIT}, got {self.k}")
+        _require(1 <= self.k_max <= K_LIMIT, f"k_max must be in 1..{K_LIMIT}, got {self.k_max}")
         _require(1 <= self.ngram_min <= self.ngram_max, "ngram sizes need 1 <= ngram_min <= ngram_max")
+        _require(all(self.drafters), f"drafter list {self.drafter!r} has an empty name; use e.g. ngram or ngram,DRAFT_MODEL")
+        _require(self.adaptive or len(self.drafters) == 1, f"several drafters ({self.drafter}) need k='auto'; pass one drafter with a fixed k")
+
+    @property
+    def adaptive(self) -> bool:
+        """True when the controller chooses k (and the drafter) each step."""
+        return self.k == "auto"
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafter names, in the order given."""
+        return tuple(name.strip() for name in self.drafter.split(","))
 
 
 @dataclass(frozen=True)

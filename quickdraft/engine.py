@@ -6,10 +6,12 @@
     for event in engine.stream("Hello", SamplingParams(temperature=0.7, seed=1)):
         ...  # TextDelta events, then one Finished event
 
-One step: the drafter proposes k tokens; the target runs one forward over the pending token
-plus the draft; the verifier keeps a prefix of the draft and adds one target token; both caches
-are rolled back to the committed length. The target cache always holds every committed token
-except the newest one (the *pending* token), which is fed with the next draft.
+One step: the controller chooses a drafter and k (fixed, or per step under k="auto", see
+`controller.py`); the drafter proposes k tokens; the target runs one forward over the pending
+token plus the draft; the verifier keeps a prefix of the draft and adds one target token; the
+caches are rolled back to the committed length; the controller learns from the outcome. The
+target cache always holds every committed token except the newest one (the *pending* token),
+which is fed with the next draft.
 """
 
 import time
@@ -20,7 +22,9 @@ import torch
 
 from quickdraft import sampling
 from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecConfig
-from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, make_drafter
+from quickdraft.controller import AdaptiveController, Controller, ControllerMemory, FixedController, Plan
+from quickdraft.costs import calibrate_drafter, calibrate_target
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, is_lookup, make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.stats import GenerationStats
@@ -62,20 +66,24 @@ class Engine:
         self.spec = spec
         self.drafter_options = drafter_options
         self._drafters: dict[str, Drafter] = {}
+        self._memory: ControllerMemory | None = None  # measured costs and acceptance, shared by requests
 
     @classmethod
     def from_names(
-        cls, model: str = DEFAULT_MODEL, drafter: str = "ngram", k: int = 4, runtime: str = "auto",
-        dtype: str = "auto", device: str = "cpu", threads: int | None = None,
+        cls, model: str = DEFAULT_MODEL, drafter: str = "ngram", k: int | Literal["auto"] = "auto", k_max: int = 8,
+        runtime: str = "auto", dtype: str = "auto", device: str = "cpu", threads: int | None = None,
     ) -> "Engine":
-        """Load a target by name or path and prepare a drafter (see `SpecConfig` for drafter names)."""
+        """Load a target by name or path, prepare the drafters (see `SpecConfig`), and calibrate costs for k="auto"."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
-        spec = SpecConfig(drafter=drafter, k=k)
+        spec = SpecConfig(drafter=drafter, k=k, k_max=k_max)
         if config.threads:
             torch.set_num_threads(config.threads)
         target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)
         engine = cls(target, spec, DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device))
-        engine.drafter(spec.drafter)
+        for name in spec.drafters:
+            engine.drafter(name)
+        if spec.adaptive:
+            engine.calibrate()
         return engine
 
     def drafter(self, name: str) -> Drafter:
@@ -83,6 +91,24 @@ class Engine:
         if name not in self._drafters:
             self._drafters[name] = make_drafter(name, self.target, self.spec, self.drafter_options)
         return self._drafters[name]
+
+    def add_drafter(self, name: str, drafter: Drafter) -> None:
+        """Use `drafter` for the name `name` in SpecConfig.drafter (e.g. a draft model loaded by the caller)."""
+        self._drafters[name] = drafter
+
+    def calibrate(self, spec: SpecConfig | None = None) -> ControllerMemory:
+        """Measure, once per engine, the target's step time over 1..k_max+1 tokens and each model drafter's time per token.
+
+        Done before the first k="auto" request (the target's cache is reset by every prefill);
+        the result is refined by every later step.
+        """
+        spec = spec or self.spec
+        if self._memory is None or self._memory.target.max_tokens < spec.k_max + 1:
+            self._memory = ControllerMemory(calibrate_target(self.target.runner, spec.k_max + 1))
+        for name, drafter in self._candidates(spec).items():
+            if not is_lookup(drafter) and name not in self._memory.draft_costs:
+                self._memory.draft_costs[name] = calibrate_drafter(drafter, self.target.info.vocab_size)
+        return self._memory
 
     def encode(self, prompt: str | Messages, chat: bool = False) -> list[int]:
         return encode_prompt(self.target.tokenizer, prompt, chat, self.target.info.name)
@@ -102,8 +128,7 @@ class Engine:
         """
         prompt_ids = list(prompt) if _is_token_ids(prompt) else self.encode(prompt, chat)
         self._check_fits(prompt_ids)
-        spec = spec or self.spec
-        return self._run(prompt_ids, params, spec, self.drafter(spec.drafter))
+        return self._run(prompt_ids, params, spec or self.spec)
 
     def with_spec(self, **changes) -> SpecConfig:
         """This engine's default SpecConfig with some fields replaced (validated)."""
@@ -116,13 +141,27 @@ class Engine:
         if len(prompt_ids) >= limit:
             raise UsageError(f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}; shorten the prompt")
 
-    def _run(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig, drafter: Drafter) -> Iterator[Event]:
+    def _candidates(self, spec: SpecConfig) -> dict[str, Drafter]:
+        """The drafters a request may draft with, by name ("none" drafts nothing)."""
+        return {name: self.drafter(name) for name in spec.drafters if name != "none"}
+
+    def _controller(self, spec: SpecConfig) -> Controller:
+        if not spec.adaptive:
+            return FixedController(spec.drafter, spec.k)
+        candidates = self._candidates(spec)
+        if not candidates:
+            return FixedController("none", 0)
+        return AdaptiveController(candidates, self.calibrate(spec), spec.k_max)
+
+    def _run(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig) -> Iterator[Event]:
         runner = self.target.runner
         budget = min(params.max_new_tokens, runner.info.max_context - len(prompt_ids))
         request = _Request(self.target, prompt_ids, params, budget)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         generator = sampling.make_generator(params.seed, runner.device)
-        drafter.begin(prompt_ids, params, generator)
+        controller = self._controller(spec)
+        for name in spec.drafters:
+            self.drafter(name).begin(prompt_ids, params, generator)
         started = time.perf_counter()
         first = sampling.choose(runner.prefill(prompt_ids)[None], params, generator)  # [1]
         stats.target_forwards = 1
@@ -130,26 +169,38 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - started
         yield from request.deltas()
         while not request.finish_reason:
-            self._step(request, drafter, spec.k, generator, stats)
+            self._step(request, controller, generator, stats)
             yield from request.deltas()
+        controller.finish()
         stats.generated_tokens = len(request.generated)
         stats.total_seconds = time.perf_counter() - started
         yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
 
-    def _step(self, request: "_Request", drafter: Drafter, max_k: int, generator: torch.Generator, stats: GenerationStats) -> None:
+    def _step(self, request: "_Request", controller: Controller, generator: torch.Generator, stats: GenerationStats) -> None:
         runner = self.target.runner
-        k = min(max_k, request.remaining - 1)
         started = time.perf_counter()
-        draft = drafter.propose(request.context, k) if k > 0 else Draft(token_ids=())
+        plan = controller.plan(request.context, request.remaining - 1)
+        planned = time.perf_counter()
+        draft = self._draft(plan, request.context)
         drafted = time.perf_counter()
         committed_length = runner.cache_length
         logits = runner.forward([request.pending, *draft.token_ids])  # [len(draft) + 1, vocab]
         verdict = _verify(draft, logits, request.params, generator)
         runner.rollback(committed_length + 1 + verdict.num_accepted)
+        verified = time.perf_counter()
+        controller.observe(plan, draft, verdict, drafted - planned, verified - drafted)
         stats.draft_seconds += drafted - started
-        stats.verify_seconds += time.perf_counter() - drafted
-        stats.record_step(len(draft), verdict.num_accepted)
+        stats.verify_seconds += verified - drafted
+        stats.record_step(len(draft), verdict.num_accepted, plan.drafter or "none")
         request.commit(verdict.tokens)
+
+    def _draft(self, plan: Plan, context: list[int]) -> Draft:
+        """The plan's k tokens: cut from a lookup already made, or proposed now."""
+        if plan.k == 0 or plan.drafter is None:
+            return Draft(token_ids=())
+        if plan.drafter in plan.lookups:
+            return plan.lookups[plan.drafter].truncated(plan.k)
+        return self.drafter(plan.drafter).propose(context, plan.k)
 
 
 def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:

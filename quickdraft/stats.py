@@ -20,12 +20,15 @@ class GenerationStats:
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: steps that drafted a token at position i
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: steps that accepted a token at position i
     accepted_length_histogram: list[int] = field(default_factory=list)  # [n]: steps that accepted exactly n tokens
+    k_histogram: list[int] = field(default_factory=list)  # [k]: steps that drafted exactly k tokens (the chosen k under auto)
+    k_per_step: list[int] = field(default_factory=list)  # [steps]: tokens drafted at each step, in order
+    drafter_steps: dict[str, int] = field(default_factory=dict)  # steps that drafted, by drafter; "none": plain steps
     prefill_seconds: float = 0.0  # prompt forward and first token: time to first token
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forwards of the steps plus verification
     total_seconds: float = 0.0
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, drafter: str = "none") -> None:
         self.steps += 1
         self.target_forwards += 1
         self.draft_tokens += drafted
@@ -38,6 +41,11 @@ class GenerationStats:
         for position in range(accepted):
             self.accepted_by_position[position] += 1
         self.accepted_length_histogram[accepted] += 1
+        _grow(self.k_histogram, drafted + 1)
+        self.k_histogram[drafted] += 1
+        self.k_per_step.append(drafted)
+        used = drafter if drafted else "none"
+        self.drafter_steps[used] = self.drafter_steps.get(used, 0) + 1
 
     @property
     def acceptance_rate(self) -> float:
@@ -69,6 +77,9 @@ class GenerationStats:
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position,
             "accepted_length_histogram": list(self.accepted_length_histogram),
+            "k_histogram": list(self.k_histogram),
+            "k_per_step": list(self.k_per_step),
+            "drafter_steps": dict(self.drafter_steps),
             "time_to_first_token": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,

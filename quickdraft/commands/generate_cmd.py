@@ -34,16 +34,27 @@ def register(subparsers) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
-    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), or a same-tokenizer draft model name/path (default ngram)")
-    parser.add_argument("--k", type=int, default=4, help="most draft tokens verified per target forward (default 4)")
+    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,MODEL (default ngram)")
+    parser.add_argument("--k", type=parse_k, default="auto", help="draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) or a fixed N (default auto)")
+    parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
     parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"], help="weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), float32 on hf")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
+def parse_k(text: str) -> int | str:
+    """--k: "auto" or a non-negative integer."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
+    engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     if args.compare:
         engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS))
@@ -59,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty; pass some text to continue")
-    SpecConfig(drafter=args.drafter, k=args.k)  # validate before loading models
+    SpecConfig(drafter=args.drafter, k=args.k, k_max=args.k_max)  # validate before loading models
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
@@ -104,6 +115,7 @@ def _print_report(result: Finished, baseline: Finished | None) -> None:
         f"(acceptance {stats.acceptance_rate:.1%}), mean accepted length tau {stats.mean_accepted_length:.2f}",
         f"acceptance by draft position: {positions}",
         f"accepted-length histogram (0..k): {stats.accepted_length_histogram}",
+        f"steps by drafted k (0..k): {stats.k_histogram}, by drafter: {stats.drafter_steps}",
         f"time: first token {stats.prefill_seconds * 1000:.0f} ms, drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s",
     ]
     if baseline is not None:

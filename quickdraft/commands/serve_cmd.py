@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.server import create_app
 
     settings = server_settings(args)
-    SpecConfig(drafter=args.drafter, k=args.k)  # validate before listening
+    SpecConfig(drafter=args.drafter, k=args.k, k_max=args.k_max)  # validate before listening
     _check_port(args.port)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(
@@ -69,7 +69,9 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for --model (built-in name, local directory, .gguf file or hub id)."""
-    return Engine.from_names(args.model, drafter=args.drafter, k=args.k, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
+    return Engine.from_names(
+        args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads
+    )
 
 
 def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Exception]) -> None:

@@ -5,6 +5,10 @@ how it guesses (a lookup, a smaller model, a head on the target's states) is its
 Lifecycle per request: `begin` once, then `propose` once per step. The context passed to
 `propose` is the whole committed sequence (prompt + generated tokens); a drafter with a cache
 rolls it back to whatever prefix of its own history is still valid.
+
+A drafter may set the class attribute `lookup_only = True` when proposing costs a lookup, not a
+model forward (n-gram): the adaptive controller then asks it for k_max tokens before deciding,
+and cuts the proposal to the k it chooses.
 """
 
 from dataclasses import dataclass
@@ -23,9 +27,14 @@ class Draft:
 
     token_ids: tuple[int, ...]  # [k'] with k' <= k
     probs: torch.Tensor | None = None  # [k', target_vocab] distributions the tokens were drawn from; None = point masses
+    source: str = ""  # what the proposal rests on (e.g. "3-gram"); the adaptive controller learns acceptance per source
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def truncated(self, k: int) -> "Draft":
+        """The first k proposed tokens."""
+        return Draft(self.token_ids[:k], None if self.probs is None else self.probs[:k], self.source)
 
 
 class Drafter(Protocol):
@@ -38,6 +47,11 @@ class Drafter(Protocol):
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Up to k tokens continuing `context_ids` (prompt + generated so far)."""
+
+
+def is_lookup(drafter: Drafter) -> bool:
+    """True when the drafter's proposals cost only a lookup (its `lookup_only` attribute, False when absent)."""
+    return bool(getattr(drafter, "lookup_only", False))
 
 
 DrafterFactory = Callable[[str, LoadedModel, SpecConfig, "DrafterLoadOptions"], Drafter]

@@ -15,6 +15,7 @@ from quickdraft.models.loading import LoadedModel
 
 class NgramDrafter:
     name = "ngram"
+    lookup_only = True  # a proposal costs a search of the context, no model forward
 
     def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
         self.min_n = min_n
@@ -30,7 +31,7 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(context_ids) - 1), self.min_n - 1, -1):
             start = _latest_match(context, n, k)
             if start is not None:
-                return Draft(token_ids=tuple(context_ids[start + n : start + n + k]))
+                return Draft(token_ids=tuple(context_ids[start + n : start + n + k]), source=f"{n}-gram")
         return Draft(token_ids=())
 
 

@@ -9,6 +9,7 @@ from quickdraft.models.loading import LoadedModel
 
 class NoDrafter:
     name = "none"
+    lookup_only = True
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         pass

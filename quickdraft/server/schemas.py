@@ -8,7 +8,7 @@ neutral values, so a request is never silently answered differently from what it
 """
 
 import json
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -46,7 +46,7 @@ class QuickdraftOptions(_Strict):
     """Per-request speculation overrides, under the `quickdraft` key."""
 
     drafter: str | None = None  # "none", "ngram" or the server's --drafter
-    k: int | None = Field(None, ge=0, le=64)  # most draft tokens per step; 0 disables drafting
+    k: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] | None = None  # "auto" or a fixed N per step; 0 disables drafting
 
 
 class GenerationRequest(_Strict):

@@ -1,0 +1,180 @@
+"""`quickdraft bench-adaptive`: k="auto" against the target alone and every fixed k, side by side.
+
+Two cases. In each, every prompt is generated with every setting in turn, greedy, in one process;
+the order of the settings rotates from prompt to prompt so drifting machine load hits all alike.
+
+- safety: a drafter that cannot help, a random-weight draft model built from the target's own
+  config (fewer layers) and tokenizer. Goal: auto >= 0.95x the target alone, where a fixed k = 4
+  is clearly slower.
+- quality: the ngram drafter on the dev prompts, per category. Goal: auto >= 0.95x the best fixed
+  k of each category (chosen in hindsight), and faster than every single fixed k overall.
+
+Tokens per second of a setting = its generated tokens / its wall time (prefill included), summed
+over the prompts of a category (or of the case). Every setting must produce the same tokens as the
+target alone; the report says so or lists the prompts where it did not.
+"""
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel, load_model_dir
+
+TARGET = "target"
+AUTO = "auto"
+WARMUP_TOKENS = 4
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    category: str
+    text: str  # the first user turn, sent through the chat template
+
+
+@dataclass(frozen=True)
+class Setting:
+    label: str  # "target", "k=4", "auto"
+    spec: SpecConfig
+
+
+@dataclass
+class Measurement:
+    """One generation of one prompt with one setting."""
+
+    case: str
+    category: str
+    prompt: int  # index in the case's prompt list
+    setting: str
+    tokens: int
+    seconds: float
+    token_ids: list[int]
+    k_per_step: list[int]
+    drafter_steps: dict[str, int]
+
+
+def dev_prompts(path: Path, per_category: int) -> list[BenchPrompt]:
+    """The first `per_category` prompts of every category of a Spec-Bench style JSONL file, in file order."""
+    try:
+        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read prompts from {path}: {exc}; pass a JSONL file with category and turns") from exc
+    taken: dict[str, int] = {}
+    prompts = []
+    for record in records:
+        category = record["category"]
+        if taken.get(category, 0) < per_category:
+            taken[category] = taken.get(category, 0) + 1
+            prompts.append(BenchPrompt(category, record["turns"][0]))
+    return prompts
+
+
+def settings(drafter: str, ks: list[int], k_max: int) -> list[Setting]:
+    """Target alone, each fixed k, and auto, all with `drafter`."""
+    fixed = [Setting(f"k={k}", SpecConfig(drafter=drafter, k=k)) for k in ks]
+    return [Setting(TARGET, SpecConfig(drafter="none", k=0)), *fixed, Setting(AUTO, SpecConfig(drafter=drafter, k="auto", k_max=k_max))]
+
+
+def random_draft_dir(target_dir: Path, out_dir: Path, layers: int, seed: int = 0) -> Path:
+    """A random-weight model with the target's config cut to `layers` layers, and the target's tokenizer."""
+    directory = Path(out_dir) / f"random-draft-{layers}-layers"
+    if (directory / "config.json").exists():
+        return directory
+    config = AutoConfig.from_pretrained(target_dir)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(directory, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (Path(target_dir) / name).exists():
+            shutil.copy(Path(target_dir) / name, directory / name)
+    return directory
+
+
+def add_random_draft(engine: Engine, draft_dir: Path, name: str) -> None:
+    draft: LoadedModel = load_model_dir(draft_dir, runtime="hf", name=name)
+    engine.add_drafter(name, DraftModelDrafter(draft.runner, engine.target.info.vocab_size, name))
+
+
+def run_case(engine: Engine, case: str, prompts: list[BenchPrompt], settings_: list[Setting], max_new_tokens: int, log=print) -> list[Measurement]:
+    """Every prompt with every setting, the order rotating by one setting per prompt."""
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    prompt_ids = [engine.encode(p.text, chat=True) for p in prompts]
+    _warm_up(engine, prompt_ids[0], settings_)
+    measurements = []
+    for index, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
+        order = settings_[index % len(settings_) :] + settings_[: index % len(settings_)]
+        for setting in order:
+            result = engine.generate(ids, params, spec=setting.spec)
+            stats = result.stats
+            measurements.append(Measurement(
+                case, prompt.category, index, setting.label, stats.generated_tokens, stats.total_seconds,
+                list(result.token_ids), stats.k_per_step, stats.drafter_steps,
+            ))
+            log(f"{case} {index + 1}/{len(prompts)} {prompt.category:<14} {setting.label:<7} {stats.tokens_per_second:6.2f} tok/s")
+    return measurements
+
+
+def _warm_up(engine: Engine, prompt_ids: list[int], settings_: list[Setting]) -> None:
+    """One short untimed run per setting (first-call costs, calibration); auto's acceptance memory is then cleared."""
+    for setting in settings_:
+        engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS), spec=setting.spec)
+    engine.calibrate(settings_[-1].spec).acceptance.clear()
+
+
+def speeds(measurements: list[Measurement]) -> dict[str, dict[str, float]]:
+    """Tokens per second by category (and "overall") and setting: summed tokens / summed seconds."""
+    totals: dict[tuple[str, str], list[float]] = {}
+    for m in measurements:
+        for group in (m.category, "overall"):
+            tokens_seconds = totals.setdefault((group, m.setting), [0.0, 0.0])
+            tokens_seconds[0] += m.tokens
+            tokens_seconds[1] += m.seconds
+    result: dict[str, dict[str, float]] = {}
+    for (group, setting), (tokens, seconds) in totals.items():
+        result.setdefault(group, {})[setting] = tokens / seconds
+    return result
+
+
+def mismatches(measurements: list[Measurement]) -> list[str]:
+    """'category #prompt setting' for each generation whose tokens differ from the target alone's."""
+    expected = {(m.case, m.prompt): m.token_ids for m in measurements if m.setting == TARGET}
+    return [f"{m.category} #{m.prompt} {m.setting}" for m in measurements if m.token_ids != expected[m.case, m.prompt]]
+
+
+def adaptation(measurements: list[Measurement]) -> dict[str, float]:
+    """How auto behaved: drafting steps before its first plain step in its first (cold) request, and overall shares."""
+    runs = [m for m in measurements if m.setting == AUTO]
+    first = runs[0].k_per_step
+    steps = [k for m in runs for k in m.k_per_step]
+    return {
+        "cold_steps_before_first_plain_step": first.index(0) if 0 in first else len(first),
+        "cold_drafting_steps": sum(k > 0 for k in first),
+        "cold_steps": len(first),
+        "drafting_share": sum(k > 0 for k in steps) / len(steps),
+        "mean_k": sum(steps) / len(steps),
+    }
+
+
+def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
+    """The engine's cost model now: t(1) in ms, v(n) = t(n) / t(1), and model drafters' cost per token / t(1)."""
+    memory = engine.calibrate(spec)
+    t1 = memory.target.seconds(1)
+    return {
+        "t1_ms": 1000 * t1,
+        "v": [memory.target.seconds(n) / t1 for n in range(1, memory.target.max_tokens + 1)],
+        "draft_per_token_vs_t1": {name: cost.seconds_per_token / t1 for name, cost in memory.draft_costs.items()},
+    }
+
+
+def save_raw(measurements: list[Measurement], path: Path) -> None:
+    path.write_text(json.dumps([asdict(m) for m in measurements]))

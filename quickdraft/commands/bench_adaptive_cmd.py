@@ -1,0 +1,96 @@
+"""`quickdraft bench-adaptive`: --k auto against the target alone and fixed k (see `quickdraft.bench.adaptive`)."""
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from quickdraft.bench import adaptive, adaptive_report
+from quickdraft.config import DEFAULT_MODEL, SpecConfig
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model_dir
+
+RANDOM_DRAFT = "random-draft"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench-adaptive", help="benchmark --k auto against the target alone and every fixed k",
+        description="Side by side in one process: target alone, each fixed k, and --k auto, on a hopeless drafter "
+        "(safety) and on ngram with real prompts (quality). Writes adaptive.md, adaptive.png and adaptive.json.",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
+    parser.add_argument("--prompts", required=True, help="Spec-Bench style JSONL file (category, turns)")
+    parser.add_argument("--cases", default="safety,quality", help="safety, quality or both (default safety,quality)")
+    parser.add_argument("--per-category", type=int, default=2, help="quality: first N prompts of each category (default 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="quality: tokens per generation (default 96)")
+    parser.add_argument("--safety-prompts", type=int, default=4, help="safety: prompts, first of evenly spread categories (default 4)")
+    parser.add_argument("--safety-max-new-tokens", type=int, default=64, help="safety: tokens per generation (default 64)")
+    parser.add_argument("--draft-layers", type=int, default=2, help="safety: layers of the random-weight draft model (default 2)")
+    parser.add_argument("--ks", default="1,2,3,4,6,8", help="fixed k values to compare (default 1,2,3,4,6,8)")
+    parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--out", default="bench-results/adaptive", help="output directory (default bench-results/adaptive)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cases = [c.strip() for c in args.cases.split(",")]
+    if not set(cases) <= {"safety", "quality"}:
+        raise UsageError(f"--cases must name safety and/or quality, got {args.cases!r}")
+    ks = [int(k) for k in args.ks.split(",")]
+    SpecConfig(k_max=args.k_max)  # validate before loading models
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    target_dir = _model_dir(args.model)
+    engine = Engine(load_model_dir(target_dir, runtime="hf", name=args.model))
+    results, raw = {}, []
+    for case in cases:
+        measurements, costs = _run_case(case, engine, target_dir, args, ks, out)
+        raw += measurements
+        results[case] = {
+            "speeds": adaptive.speeds(measurements),
+            "mismatches": adaptive.mismatches(measurements),
+            "adaptation": adaptive.adaptation(measurements),
+            "costs": costs,
+        }
+    command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    (out / "adaptive.md").write_text(adaptive_report.markdown(results, command))
+    (out / "adaptive.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
+    adaptive.save_raw(raw, out / "adaptive-raw.json")
+    adaptive_report.plot(results, out / "adaptive.png")
+    print(adaptive_report.markdown(results, command))
+    return 0
+
+
+def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int], out: Path) -> tuple[list, dict]:
+    """The case's measurements, and the engine's cost model at its start and end."""
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if case == "safety":
+        draft_dir = adaptive.random_draft_dir(target_dir, out / "models", args.draft_layers)
+        adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT)
+        firsts = adaptive.dev_prompts(Path(args.prompts), per_category=1)
+        prompts = firsts[:: max(1, len(firsts) // args.safety_prompts)][: args.safety_prompts]
+        settings, max_new_tokens = adaptive.settings(RANDOM_DRAFT, ks, args.k_max), args.safety_max_new_tokens
+    else:
+        prompts = adaptive.dev_prompts(Path(args.prompts), args.per_category)
+        settings, max_new_tokens = adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens
+    start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
+    measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, log)
+    return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
+
+
+def _model_dir(name_or_path: str) -> Path:
+    """A local HF directory as is; a built-in name through the model store."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    from quickdraft.models.store import local_model_dir
+
+    return local_model_dir(name_or_path)

@@ -1,0 +1,211 @@
+"""Choosing, each step, which drafter to use and how many tokens to draft (k = 0: plain decoding).
+
+The decision rule (`choose`) is a pure function of numbers. For drafter d and k draft tokens,
+with conditional acceptance a_1..a_k by position, drafting cost c_d per token and target step
+time t(n) over n fed tokens:
+
+    E(d, k) = 1 + sum_{i<=k} prod_{j<=i} a_j        expected tokens the step yields
+    T(d, k) = k * c_d + t(k + 1)                     expected seconds it takes     (k = 0: 1, t(1))
+
+and the step takes the (d, k) with the largest E / T, tokens per second; plain decoding, 1 / t(1),
+is always on offer, so drafting is chosen only where it is expected to pay. This is ENGINEERING.md's
+formula with two refinements: acceptance by position instead of one rate (an n-gram proposal that
+starts right tends to stay right), and t(n) measured per size rather than assumed to grow (on CPU
+some sizes run faster kernels). A renewal-reward variant (maximise E - rho * T with rho the
+request's measured speed, better in theory when steps differ) was tried on recorded outputs and
+did no better: rho lags behind the text and overreacts after long copied spans.
+
+Acceptance is learnt per drafter and per `Draft.source` (for n-gram, the length of the matched
+suffix: a 4-gram match is far more reliable than a 1-gram one). A lookup drafter (n-gram)
+proposes before the decision: its proposal costs only the lookup, so its k is capped by the
+proposal's length, its drafting cost is 0, and its acceptance is learnt at every step from the
+proposal whether or not it was verified (`acceptance.outcomes`). A model drafter is only observed
+when it drafts; once the controller stops using it, exploration credit (EXPLORATION_BUDGET tokens
+per token produced) accumulates, and when the credit covers the expected loss of a 1-token probe,
+the step drafts 1 token with it. The loss, in tokens, is what the best choice would have produced
+in the probe's time, minus what the probe is expected to produce; the probe's time includes the
+drafter catching up on the text produced since it last drafted (its cache lags). Probing thus
+costs about EXPLORATION_BUDGET of the output's worth of time, and a drafter that has become good
+is found again as long as catching up is cheap enough to fit that budget. A regular (non-probe)
+choice does not count catch-up: starting to use a drafter pays it once and the rule judges the
+steps that follow.
+"""
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from quickdraft.acceptance import AcceptanceEstimate, outcomes
+from quickdraft.costs import DraftCost, TargetCost
+from quickdraft.drafters.base import Draft, Drafter, is_lookup
+from quickdraft.verify import Verdict
+
+EXPLORATION_BUDGET = 0.02  # expected tokens a probe may lose, per token produced
+
+
+@dataclass(frozen=True)
+class DraftOption:
+    """One drafter the step could use, as the decision rule sees it."""
+
+    name: str
+    acceptance: tuple[float, ...]  # [most tokens it may draft now]: P(token i accepted | tokens before it accepted)
+    seconds_per_token: float  # drafting cost per token; 0 when the proposal is already made (a lookup)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one step does, and what it is expected to yield."""
+
+    drafter: str | None  # None: plain decoding
+    k: int  # tokens to draft; 0 exactly when drafter is None
+    tokens: float  # E: expected tokens
+    seconds: float  # T: expected seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E: tokens a step yields when drafting the first k of a proposal (the target's token included)."""
+    total, all_accepted = 1.0, 1.0
+    for rate in acceptance[:k]:
+        all_accepted *= rate
+        total += all_accepted
+    return total
+
+
+def estimate(option: DraftOption, k: int, target_seconds: Sequence[float]) -> Choice:
+    """E and T of drafting k tokens with `option`; target_seconds[n - 1] is t(n)."""
+    seconds = k * option.seconds_per_token + target_seconds[k]
+    return Choice(option.name, k, expected_tokens(option.acceptance, k), seconds)
+
+
+def choose(options: Sequence[DraftOption], target_seconds: Sequence[float]) -> Choice:
+    """The (drafter, k) with the most expected tokens per second; plain decoding wins ties.
+
+    target_seconds: [k_limit + 1] t(1), t(2), ...: k is at most len(target_seconds) - 1.
+    """
+    best = Choice(None, 0, 1.0, target_seconds[0])
+    for option in options:
+        for k in range(1, min(len(option.acceptance), len(target_seconds) - 1) + 1):
+            candidate = estimate(option, k, target_seconds)
+            if candidate.rate > best.rate:
+                best = candidate
+    return best
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A step's decision, with what was done to reach it."""
+
+    drafter: str | None  # the drafter to draft with; None: plain decoding
+    k: int  # tokens to draft (a lookup's proposal is cut to k)
+    lookups: Mapping[str, Draft] = field(default_factory=dict)  # proposals made before deciding, by drafter name
+
+
+class Controller(Protocol):
+    """Plans each step of one request and learns from its outcome."""
+
+    def plan(self, context: list[int], limit: int) -> Plan:
+        """The step's drafter and k (k <= limit), given the committed context."""
+
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
+        """What the step drafted, what the target produced, and how long each part took."""
+
+    def finish(self) -> None:
+        """The request has ended."""
+
+
+class FixedController:
+    """A fixed k with one drafter: every step drafts up to k tokens."""
+
+    def __init__(self, drafter: str, k: int) -> None:
+        self.drafter = drafter
+        self.k = k
+
+    def plan(self, context: list[int], limit: int) -> Plan:
+        return Plan(self.drafter, min(self.k, limit))
+
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+@dataclass
+class ControllerMemory:
+    """What an engine has measured, shared by its requests: costs, and acceptance carried to the next request."""
+
+    target: TargetCost
+    draft_costs: dict[str, DraftCost] = field(default_factory=dict)  # model drafters, by name
+    acceptance: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)  # by (drafter, source)
+
+
+class AdaptiveController:
+    """Chooses the drafter and k of every step of one request (see the module docstring)."""
+
+    def __init__(self, drafters: Mapping[str, Drafter], memory: ControllerMemory, k_max: int) -> None:
+        self._drafters = dict(drafters)
+        self._memory = memory
+        self._k_max = k_max
+        self._estimates: dict[tuple[str, str], AcceptanceEstimate] = {}  # by (drafter, Draft.source)
+        self._credit = {name: 0.0 for name, drafter in drafters.items() if not is_lookup(drafter)}  # model drafters
+        self._fed = dict.fromkeys(self._credit, 0)  # context length each model drafter has caught up to
+        self._context_length = 0  # of the step being planned
+
+    def plan(self, context: list[int], limit: int) -> Plan:
+        limit = min(limit, self._k_max)
+        if limit < 1:
+            return Plan(None, 0)
+        self._context_length = len(context)
+        lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if is_lookup(d)}
+        target_seconds = [self._memory.target.seconds(n) for n in range(1, limit + 2)]  # [limit + 1]
+        usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
+        options = [self._option(name, lookups, limit) for name in usable]
+        choice = self._explore(choose(options, target_seconds), options, target_seconds)
+        return Plan(choice.drafter, choice.k, lookups)
+
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
+        produced = verdict.tokens
+        for name, proposal in plan.lookups.items():
+            self._estimate(name, proposal.source).observe(outcomes(proposal.token_ids, produced))
+        if plan.drafter in self._credit and len(draft):
+            self._estimate(plan.drafter, draft.source).observe(outcomes(draft.token_ids, produced))
+            self._memory.draft_costs[plan.drafter].observe(len(draft), self._behind(plan.drafter), draft_seconds)
+            self._fed[plan.drafter] = self._context_length + len(produced) - 1  # its cache holds the accepted draft
+        for name in self._credit:
+            self._credit[name] = 0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
+        self._memory.target.observe(len(draft) + 1, target_seconds)
+
+    def finish(self) -> None:
+        self._memory.acceptance.update({key: tuple(estimate.means()) for key, estimate in self._estimates.items()})
+
+    def _estimate(self, drafter: str, source: str) -> AcceptanceEstimate:
+        key = (drafter, source)
+        if key not in self._estimates:
+            self._estimates[key] = AcceptanceEstimate(self._k_max, self._memory.acceptance.get(key, ()))
+        return self._estimates[key]
+
+    def _behind(self, drafter: str) -> int:
+        """Tokens of context the model drafter has to catch up on before proposing."""
+        return self._context_length - self._fed[drafter]
+
+    def _option(self, name: str, lookups: Mapping[str, Draft], limit: int) -> DraftOption:
+        proposal = lookups.get(name)
+        if proposal is None:
+            cost = self._memory.draft_costs[name].seconds_per_token
+            return DraftOption(name, tuple(self._estimate(name, "").means()[:limit]), cost)
+        return DraftOption(name, tuple(self._estimate(name, proposal.source).means()[: len(proposal)]), 0.0)
+
+    def _explore(self, choice: Choice, options: list[DraftOption], target_seconds: list[float]) -> Choice:
+        """A 1-token probe of a model drafter instead, when its credit covers the probe's expected loss."""
+        for option in options:
+            if option.name in self._credit and option.name != choice.drafter:
+                probe = estimate(option, 1, target_seconds)
+                catch_up = self._behind(option.name) * self._memory.draft_costs[option.name].seconds_per_catch_up_token
+                loss = choice.rate * (probe.seconds + catch_up) - probe.tokens  # tokens the best choice would add
+                if self._credit[option.name] >= loss:
+                    self._credit[option.name] -= loss
+                    return probe
+        return choice

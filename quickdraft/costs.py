@@ -1,0 +1,132 @@
+"""What a step costs, in seconds: the target's forward over n tokens, and a drafter's tokens.
+
+`TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
+n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`. `calibrate_target`
+measures the shape once per engine (medians of repeated forwards of 1..max_tokens tokens after a
+short prefill); every step then refines it from its own timing: a persistent change hitting
+every size (another process taking the CPU, a longer context) moves `scale`, a change at one
+size moves that size. Updates are exponential moving averages in log space with clipped
+residuals, so one stall cannot swing a decision, and the shape drifts back towards the
+calibrated one when a size is not observed: a size once timed slow (say during a stall) and then
+never chosen again cannot stay overpriced for ever. `DraftCost` is the same idea for a model
+drafter: seconds per drafted token, plus seconds per token of context it must catch up on when
+it has not drafted for a while (its cache then lags the committed text).
+"""
+
+import math
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Drafter
+from quickdraft.models.base import ModelRunner
+
+SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
+SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
+SHAPE_REVERSION = 0.02  # pull of every size's shape towards its calibrated value, per observed step
+DRAFT_RATE = 0.2  # weight of one step's timing in a drafter's costs
+CATCH_UP_THRESHOLD = 4  # a drafter this many tokens behind (or more) is timed as catching up
+MAX_LOG_RESIDUAL = math.log(2.0)  # one timing moves an estimate as if it were at most 2x off
+CALIBRATION_CONTEXT = 32  # tokens prefilled before timing forwards
+CALIBRATION_REPEATS = 3  # timings per size at least; the median is kept
+CALIBRATION_MAX_REPEATS = 15  # fast models are timed again until CALIBRATION_SECONDS have passed
+CALIBRATION_SECONDS = 0.25
+
+
+class TargetCost:
+    """t(n): seconds of one target step that feeds n tokens."""
+
+    def __init__(self, seconds: Sequence[float]) -> None:
+        self._calibrated = list(seconds)  # [max_tokens]: t(1), t(2), ... as calibrated
+        self._shape = list(seconds)  # [max_tokens]: as refined
+        self._scale = 1.0
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self._shape)
+
+    def seconds(self, tokens: int) -> float:
+        """t(tokens). Not forced to grow with `tokens`: kernels differ by size, and a size that is
+        measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing."""
+        return self._scale * self._shape[tokens - 1]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self._shape = [shape * (calibrated / shape) ** SHAPE_REVERSION for shape, calibrated in zip(self._shape, self._calibrated)]
+        residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
+        self._scale *= math.exp(SCALE_RATE * residual)
+        self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
+
+
+class DraftCost:
+    """Seconds a model drafter spends: per drafted token, and per token it is behind the context."""
+
+    def __init__(self, seconds_per_token: float, seconds_per_catch_up_token: float = 0.0) -> None:
+        self.seconds_per_token = seconds_per_token
+        self.seconds_per_catch_up_token = seconds_per_catch_up_token
+
+    def observe(self, tokens: int, behind: int, seconds: float) -> None:
+        """A proposal of `tokens` tokens made `behind` tokens after the drafter's last one took `seconds`."""
+        if behind < CATCH_UP_THRESHOLD:
+            residual = _clipped_log_ratio(seconds / tokens, self.seconds_per_token)
+            self.seconds_per_token *= math.exp(DRAFT_RATE * residual)
+            return
+        catch_up = max(seconds - tokens * self.seconds_per_token, 0.0) / behind  # rarely seen: a plain average
+        self.seconds_per_catch_up_token += DRAFT_RATE * (catch_up - self.seconds_per_catch_up_token)
+
+
+def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
+    """Time forwards of 1..max_tokens tokens after a short dummy prefill (the cache is left dirty).
+
+    Sizes are interleaved within each round, so a load change during calibration hits all alike.
+    """
+    context = _dummy_context(runner.info.vocab_size)
+    runner.prefill(context)
+
+    def forward(tokens: int) -> float:
+        started = time.perf_counter()
+        runner.forward(context[:tokens])
+        runner.rollback(CALIBRATION_CONTEXT)
+        return time.perf_counter() - started
+
+    forward(max_tokens)  # warm-up: first calls allocate
+    sizes = range(1, max_tokens + 1)
+    started = time.perf_counter()
+    rounds = []  # [repeats][sizes]
+    while len(rounds) < CALIBRATION_REPEATS or (
+        time.perf_counter() - started < CALIBRATION_SECONDS and len(rounds) < CALIBRATION_MAX_REPEATS
+    ):
+        rounds.append([forward(size) for size in sizes])
+    return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
+
+
+def calibrate_drafter(drafter: Drafter, vocab_size: int, tokens: int = 3, behind: int = 16) -> DraftCost:
+    """Time greedy proposals on a dummy context: one `behind` tokens after the last, then `tokens`-token ones."""
+    context = _dummy_context(vocab_size)
+    drafter.begin(context, SamplingParams(), torch.Generator())
+    drafter.propose(context[:-behind], 1)  # warm-up, and the cache now lags the context by `behind` tokens
+    started = time.perf_counter()
+    drafter.propose(context, 1)
+    catch_up_seconds = time.perf_counter() - started
+    per_token = max(_median_seconds(lambda: drafter.propose(context, tokens)), 1e-9) / tokens
+    return DraftCost(per_token, max(catch_up_seconds - per_token, 0.0) / behind)
+
+
+def _dummy_context(vocab_size: int) -> list[int]:
+    return [token % vocab_size for token in range(1, CALIBRATION_CONTEXT + 1)]
+
+
+def _median_seconds(action: Callable[[], object]) -> float:
+    timings = []
+    for _ in range(CALIBRATION_REPEATS):
+        started = time.perf_counter()
+        action()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def _clipped_log_ratio(measured: float, predicted: float) -> float:
+    ratio = math.log(max(measured, 1e-9) / max(predicted, 1e-9))
+    return min(max(ratio, -MAX_LOG_RESIDUAL), MAX_LOG_RESIDUAL)
