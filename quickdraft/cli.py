@@ -7,14 +7,14 @@ from quickdraft.errors import QuickdraftError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quickdraft.commands import generate_cmd, models_cmd
+    from quickdraft.commands import distill_cmd, generate_cmd, models_cmd
 
     parser = argparse.ArgumentParser(
         prog="quickdraft", description="Lossless speculative decoding: faster generation, identical output."
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate_cmd, models_cmd):
+    for command in (generate_cmd, models_cmd, distill_cmd):
         command.register(subparsers)
     return parser
 

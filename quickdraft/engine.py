@@ -22,6 +22,7 @@ from quickdraft import sampling
 from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecConfig
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, make_drafter
 from quickdraft.errors import UsageError
+from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDetokenizer, Messages, StopMatcher, encode_prompt
@@ -120,7 +121,7 @@ class Engine:
         generator = sampling.make_generator(params.seed, runner.device)
         drafter.begin(prompt_ids, params, generator)
         started = time.perf_counter()
-        first = sampling.choose(runner.prefill(prompt_ids)[None], params, generator)  # [1]
+        first = sampling.choose(_prefill(runner, prompt_ids, drafter)[None], params, generator)  # [1]
         stats.target_forwards = 1
         request.commit((int(first),))
         stats.prefill_seconds = time.perf_counter() - started
@@ -139,13 +140,31 @@ class Engine:
         draft = drafter.propose(request.context, k) if k > 0 else Draft(token_ids=())
         drafted = time.perf_counter()
         committed_length = runner.cache_length
-        logits = runner.forward([request.pending, *draft.token_ids])  # [len(draft) + 1, vocab]
+        logits, hidden = _forward(runner, [request.pending, *draft.token_ids], drafter)  # [len(draft) + 1, vocab]
         verdict = _verify(draft, logits, request.params, generator)
         runner.rollback(committed_length + 1 + verdict.num_accepted)
+        if hidden is not None:
+            drafter.observe_target(hidden[: verdict.num_accepted + 1])  # states of the committed positions
         stats.draft_seconds += drafted - started
         stats.verify_seconds += time.perf_counter() - drafted
         stats.record_step(len(draft), verdict.num_accepted)
         request.commit(verdict.tokens)
+
+
+def _prefill(runner: ModelRunner, prompt_ids: list[int], drafter: Drafter) -> torch.Tensor:
+    """The prompt's last logits [vocab]; a drafter that reads target states gets the prompt's."""
+    if not getattr(drafter, "needs_target_hidden", False):
+        return runner.prefill(prompt_ids)
+    logits, hidden = runner.prefill(prompt_ids, return_hidden=True)  # [vocab], [prompt, hidden]
+    drafter.observe_target(hidden)
+    return logits
+
+
+def _forward(runner: ModelRunner, token_ids: list[int], drafter: Drafter) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits [n, vocab], plus the states [n, hidden] when the drafter reads them (else None)."""
+    if not getattr(drafter, "needs_target_hidden", False):
+        return runner.forward(token_ids), None
+    return runner.forward(token_ids, return_hidden=True)
 
 
 def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
