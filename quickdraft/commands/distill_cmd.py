@@ -32,6 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument("--train-minutes", type=float, default=None, help="wall-clock cap on training; the lr schedule follows it")
     parser.add_argument("--unroll", type=int, default=3, help="drafting steps simulated in training (default 3)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--ce-weight", type=float, default=1.0, help="weight of the token cross-entropy next to the smooth-L1 state loss (default 1; EAGLE used 0.1)")
     parser.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts answered with the engine for the card (default 10)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     parser.set_defaults(func=run)
@@ -53,7 +54,7 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
         target=args.target, out=args.out, prompts=args.prompts, tokens=args.tokens, vocab=_vocab_size(args.vocab),
         resume=args.resume, kind=args.kind,
         generation=GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size),
-        training=TrainConfig(epochs=args.epochs, minutes=args.train_minutes, unroll=args.unroll, lr=args.lr),
+        training=TrainConfig(epochs=args.epochs, minutes=args.train_minutes, unroll=args.unroll, lr=args.lr, ce_weight=args.ce_weight),
         eval_prompts=args.eval_prompts, command=command_line(args),
     )
 
@@ -70,7 +71,7 @@ def command_line(args: argparse.Namespace) -> str:
     """The full command with every distill option spelled out (defaults included)."""
     words = ["quickdraft", "distill"]
     for name in ("target", "out", "prompts", "tokens", "vocab", "kind", "max_new_tokens", "batch_size", "epochs",
-                 "train_minutes", "unroll", "lr", "eval_prompts", "threads"):
+                 "train_minutes", "unroll", "lr", "ce_weight", "eval_prompts", "threads"):
         value = getattr(args, name)
         if value is not None:
             words += [f"--{name.replace('_', '-')}", str(value)]

@@ -25,8 +25,8 @@ from quickdraft.distill.head_dir import build_head, save_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
 from quickdraft.distill.prompts import load_prompts
-from quickdraft.distill.train import HeadObjective, TrainConfig, Trainer, answer_tokens, split_examples
-from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens
+from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, split_examples
+from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, prompt_counts
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
 
@@ -63,7 +63,7 @@ def distill(options: DistillOptions) -> Path:
         from quickdraft.distill.standalone import train_standalone
 
         return train_standalone(target, shards, options)
-    vocab = _vocab(target, shards, options)
+    vocab = _vocab(target, shards, prompts, options)
     _say(f"reduced vocabulary: {len(vocab.ids)} tokens, covering {vocab.heldout_coverage:.2%} of held-out answer tokens")
     return _train_head(target, shards, vocab, identity, prompts, options, started)
 
@@ -93,7 +93,7 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     return options.out
 
 
-def _vocab(target: LoadedModel, shards, options: DistillOptions) -> VocabChoice:
+def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:
     """The reduced vocabulary, chosen once and kept for resumed runs."""
     path = options.out / "train" / "vocab.json"
     train_answers, heldout_answers = answer_tokens(shards)
@@ -102,7 +102,9 @@ def _vocab(target: LoadedModel, shards, options: DistillOptions) -> VocabChoice:
     if path.exists():
         ids = torch.tensor(json.loads(path.read_text())["ids"], dtype=torch.long)
         return choose_vocab(train_counts, heldout_counts, len(ids), forced=ids.tolist())
-    vocab = choose_vocab(train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids))
+    training_prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY != 0]
+    prior = prompt_counts(target.tokenizer, training_prompts, target.info.vocab_size)
+    vocab = choose_vocab(train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids), prior_counts=prior)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"ids": vocab.ids.tolist()}))
     return vocab

@@ -38,9 +38,9 @@ class TrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 20
     unroll: int = 3  # drafting steps simulated in training (1 = EAGLE-1 teacher forcing only)
-    ce_weight: float = 0.1  # weight of the token cross-entropy next to the smooth-L1 state loss
+    ce_weight: float = 1.0  # weight of the token cross-entropy next to the smooth-L1 state loss (EAGLE: 0.1)
     eval_k: int = 4
-    eval_every: int = 100  # steps between held-out evaluations
+    eval_every: int = 50  # steps between held-out evaluations
     checkpoint_seconds: float = 120.0
     seed: int = 0
 
@@ -107,19 +107,28 @@ def make_batch(examples: list[Example]) -> Batch:
 
 
 def step_losses(head: DraftHead, batch: Batch, steps: int, ce_weight: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(total loss, per-step predicted reduced-vocab logits [B, L, V]) averaged over drafting steps."""
+    """(loss averaged over drafting steps, each step's draft token ids [B, L] as target ids).
+
+    Logits are computed only at the pairs that count (every step's pairs are a subset of
+    `batch.mask`, step s also needs t >= s-1), which skips the prompt positions.
+    """
+    counted = batch.mask.nonzero(as_tuple=True)  # ([N], [N])
+    positions = counted[1]  # [N]
+    targets = batch.targets[counted]  # [N, d]
     with torch.no_grad():
-        target_logp = torch.log_softmax(head.draft_logits(batch.targets), -1)  # [B, L, V]
-    positions = torch.arange(batch.mask.shape[1])
-    total, all_logits = 0.0, []
+        target_probs = torch.softmax(head.draft_logits(targets), -1)  # [N, V]
+    total, drafted = 0.0, []
     for step, predicted in enumerate(head.unrolled(batch.states, batch.next_tokens, steps), start=1):
-        valid = (batch.mask & (positions >= step - 1)).float()  # [B, L]
-        logits = head.draft_logits(predicted)  # [B, L, V]
-        state_loss = F.smooth_l1_loss(predicted, batch.targets, reduction="none").mean(-1)  # [B, L]
-        ce = -(target_logp.exp() * torch.log_softmax(logits, -1)).sum(-1)  # [B, L]
+        valid = (positions >= step - 1).float()  # [N]
+        predicted = predicted[counted]  # [N, d]
+        logits = head.draft_logits(predicted)  # [N, V]
+        state_loss = F.smooth_l1_loss(predicted, targets, reduction="none").mean(-1)  # [N]
+        ce = -(target_probs * torch.log_softmax(logits, -1)).sum(-1)  # [N]
         total = total + ((state_loss + ce_weight * ce) * valid).sum() / valid.sum().clamp_min(1)
-        all_logits.append(logits)
-    return total / steps, all_logits
+        step_ids = torch.full_like(batch.next_tokens, -1)  # [B, L]
+        step_ids[counted] = head.vocab_ids[logits.detach().argmax(-1)]
+        drafted.append(step_ids)
+    return total / steps, drafted
 
 
 @dataclass
@@ -264,9 +273,9 @@ def evaluate(head: DraftHead, examples: list[Example], config: TrainConfig) -> d
     k, losses, accepted_lengths = config.eval_k, [], []
     for start in range(0, len(examples), config.batch_sequences):
         batch = make_batch(examples[start : start + config.batch_sequences])
-        loss, logits = step_losses(head, batch, k, config.ce_weight)
+        loss, drafted = step_losses(head, batch, k, config.ce_weight)
         losses.append(float(loss))
-        accepted_lengths.append(_accepted_lengths(head, batch, logits))
+        accepted_lengths.append(_accepted_lengths(batch, drafted))
     lengths = torch.cat(accepted_lengths) if accepted_lengths else torch.zeros(0)  # [drafts]
     by_position = [float((lengths >= s).float().mean()) / max(float((lengths >= s - 1).float().mean()), 1e-9) for s in range(1, k + 1)]
     mean_accepted = float(lengths.float().mean()) if len(lengths) else 0.0
@@ -280,11 +289,13 @@ def evaluate(head: DraftHead, examples: list[Example], config: TrainConfig) -> d
     }
 
 
-def _accepted_lengths(head: DraftHead, batch: Batch, logits: list[torch.Tensor]) -> torch.Tensor:
-    """Accepted draft length for a draft starting at every valid answer position: [drafts]."""
-    drafted = [head.vocab_ids[step_logits.argmax(-1)] for step_logits in logits]  # each [B, L] target ids
+def _accepted_lengths(batch: Batch, drafted: list[torch.Tensor]) -> torch.Tensor:
+    """Accepted draft length for a draft starting at every valid answer position: [drafts].
+
+    drafted[s]: [B, L] the target id drafted by step s+1 at each pair (-1 where not computed).
+    """
     length = batch.mask.shape[1]
-    k = len(logits)
+    k = len(drafted)
     usable = length - k + 1
     if usable <= 0:
         return torch.zeros(0, dtype=torch.long)

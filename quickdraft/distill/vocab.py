@@ -1,6 +1,8 @@
 """The reduced draft vocabulary: the target tokens that answers use most.
 
-Frequencies are counted over the answer tokens of the training split; coverage (the fraction of
+Tokens are ranked by their count in the answers of the training split plus `PRIOR_WEIGHT` times
+their count in the training split's prompts (cheap to tokenise, many more of them): answers
+decide, prompts order the tokens that answers rarely or never used. Coverage (the fraction of
 answer tokens inside the vocabulary) is reported on the held-out split, so it estimates how often
 a new answer needs a token the head cannot draft. `size=None` picks the smallest multiple of
 `AUTO_STEP` whose held-out coverage reaches `MIN_COVERAGE`.
@@ -12,6 +14,7 @@ import torch
 
 MIN_COVERAGE = 0.98
 AUTO_STEP = 1024
+PRIOR_WEIGHT = 0.01  # weight of a prompt occurrence relative to an answer occurrence
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,12 @@ def count_tokens(answers: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
     return torch.bincount(torch.cat(answers), minlength=vocab_size)[:vocab_size]
 
 
-def choose_vocab(train_counts: torch.Tensor, heldout_counts: torch.Tensor, size: int | None, forced: list[int]) -> VocabChoice:
-    """Top tokens by training frequency, always including `forced` ids (e.g. end-of-sequence)."""
-    order = _ranking(train_counts, forced)  # [vocab] ids, forced first, then by frequency
+def choose_vocab(
+    train_counts: torch.Tensor, heldout_counts: torch.Tensor, size: int | None, forced: list[int], prior_counts: torch.Tensor | None = None,
+) -> VocabChoice:
+    """Top tokens by training answer frequency (+ prompt prior), always including `forced` ids (e.g. end-of-sequence)."""
+    score = train_counts.double() + (PRIOR_WEIGHT * prior_counts.double() if prior_counts is not None else 0.0)
+    order = _ranking(score, forced)  # [vocab] ids, forced first, then by score
     if size is None:
         size = _smallest_covering_size(order, heldout_counts)
     ids = order[: min(size, len(order))]
@@ -42,8 +48,14 @@ def coverage(ids: torch.Tensor, counts: torch.Tensor) -> float:
     return float(counts[ids].sum()) / total if total else 1.0
 
 
-def _ranking(counts: torch.Tensor, forced: list[int]) -> torch.Tensor:
-    boosted = counts.clone().double()
+def prompt_counts(tokenizer, prompts: list[str], vocab_size: int) -> torch.Tensor:
+    """Token counts over the prompts' plain tokenisation: [vocab_size] int64."""
+    encoded = tokenizer(prompts, add_special_tokens=False)["input_ids"] if prompts else []
+    return count_tokens([torch.tensor(ids, dtype=torch.long) for ids in encoded if ids], vocab_size)
+
+
+def _ranking(score: torch.Tensor, forced: list[int]) -> torch.Tensor:
+    boosted = score.clone()
     boosted[torch.tensor(forced, dtype=torch.long)] = float("inf")
     return torch.argsort(boosted, descending=True, stable=True)
 
