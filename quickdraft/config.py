@@ -49,7 +49,7 @@ class SamplingParams:
 class SpecConfig:
     """How speculation is done for a request."""
 
-    drafter: str = "ngram"  # "none", "ngram", or a same-tokenizer draft model (name or path)
+    drafter: str = "ngram"  # "none", "ngram", "head" / "head:DIR" (draft head), or a same-tokenizer draft model (name or path)
     k: int = 4  # maximum number of draft tokens verified per target forward; 0 disables drafting
     ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up
     ngram_min: int = 1  # ngram drafter: shortest suffix of the context to look up

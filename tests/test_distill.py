@@ -111,6 +111,16 @@ def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
     assert second.state.epoch == 1
 
 
+def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):
+    options, out = distilled
+    shards = load_shards(out / "data")
+    answers_train, answers_heldout = split_examples(shards)
+    with_prompts_train, with_prompts_heldout = split_examples(shards, train_on_prompts=True)
+    assert all(e.first_pair == 0 for e in with_prompts_train)
+    assert all(e.first_pair > 0 for e in answers_train)
+    assert [e.first_pair for e in with_prompts_heldout] == [e.first_pair for e in answers_heldout]
+
+
 def test_prompts_that_appear_in_specbench_are_dropped(tmp_path):
     evaluation = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture.", "Hi"]
     prompts = ["compose an engaging  travel blog post about a recent trip to hawaii, highlighting culture.",

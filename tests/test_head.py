@@ -140,3 +140,19 @@ def test_head_drafter_from_a_directory_through_the_engine(tiny_models, tmp_path)
         Engine(target, SpecConfig(drafter=f"head:{tmp_path / 'missing'}")).drafter(f"head:{tmp_path / 'missing'}")
     config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert config["target"]["vocab_size"] == target.info.vocab_size
+
+
+@pytest.mark.real_model
+def test_shipped_head_loads_against_its_target_and_refuses_another(builtin_model_dir):
+    from quickdraft.models.loading import load_model_dir
+
+    target = load_model_dir(builtin_model_dir("smollm2-135m-instruct"), runtime="hf", name="smollm2-135m-instruct")
+    engine = Engine(target, SpecConfig(drafter="head", k=4))
+    prompt = engine.encode("Name three primary colours.", chat=True)
+    params = SamplingParams(max_new_tokens=32)
+    result = engine.generate(prompt, params)
+    assert result.token_ids == engine.generate(prompt, params, spec=engine.with_spec(drafter="none")).token_ids
+    assert result.stats.accepted_tokens > 0
+    other = load_model_dir(builtin_model_dir("gemma-3-270m"), runtime="hf", name="gemma-3-270m")
+    with pytest.raises(UsageError, match="trained for target smollm2-135m-instruct"):
+        Engine(other, SpecConfig(drafter="head:smollm2-135m-instruct")).drafter("head:smollm2-135m-instruct")

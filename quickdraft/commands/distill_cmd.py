@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     parser.add_argument("--unroll", type=int, default=3, help="drafting steps simulated in training (default 3)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     parser.add_argument("--ce-weight", type=float, default=1.0, help="weight of the token cross-entropy next to the smooth-L1 state loss (default 1; EAGLE used 0.1)")
+    parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
+    parser.add_argument("--train-on-prompts", action="store_true", help="also train on the prompts' positions (more data; held-out metrics stay on answers)")
     parser.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts answered with the engine for the card (default 10)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     parser.set_defaults(func=run)
@@ -54,7 +56,10 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
         target=args.target, out=args.out, prompts=args.prompts, tokens=args.tokens, vocab=_vocab_size(args.vocab),
         resume=args.resume, kind=args.kind,
         generation=GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size),
-        training=TrainConfig(epochs=args.epochs, minutes=args.train_minutes, unroll=args.unroll, lr=args.lr, ce_weight=args.ce_weight),
+        training=TrainConfig(
+            epochs=args.epochs, minutes=args.train_minutes, unroll=args.unroll, lr=args.lr, ce_weight=args.ce_weight,
+            weight_decay=args.weight_decay, train_on_prompts=args.train_on_prompts,
+        ),
         eval_prompts=args.eval_prompts, command=command_line(args),
     )
 
@@ -71,8 +76,9 @@ def command_line(args: argparse.Namespace) -> str:
     """The full command with every distill option spelled out (defaults included)."""
     words = ["quickdraft", "distill"]
     for name in ("target", "out", "prompts", "tokens", "vocab", "kind", "max_new_tokens", "batch_size", "epochs",
-                 "train_minutes", "unroll", "lr", "ce_weight", "eval_prompts", "threads"):
+                 "train_minutes", "unroll", "lr", "ce_weight", "weight_decay", "eval_prompts", "threads"):
         value = getattr(args, name)
         if value is not None:
             words += [f"--{name.replace('_', '-')}", str(value)]
-    return shlex.join(words + (["--resume"] if args.resume else []))
+    flags = [f"--{name.replace('_', '-')}" for name in ("train_on_prompts", "resume") if getattr(args, name)]
+    return shlex.join(words + flags)

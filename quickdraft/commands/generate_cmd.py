@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
-    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), or a same-tokenizer draft model name/path (default ngram)")
+    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), or a same-tokenizer draft model name/path (default ngram)")
     parser.add_argument("--k", type=int, default=4, help="most draft tokens verified per target forward (default 4)")
     parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype of the models (default float32)")

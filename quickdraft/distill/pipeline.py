@@ -70,7 +70,7 @@ def distill(options: DistillOptions) -> Path:
 
 def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict, prompts: list[str], options: DistillOptions, started: float) -> Path:
     head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
-    train, heldout = split_examples(shards)
+    train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
     if options.resume and trainer.resume():
         _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")

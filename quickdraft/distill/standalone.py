@@ -73,7 +73,7 @@ def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
     """Train and save the standalone draft under `options.out / "standalone"`; returns that directory."""
     model = standalone_model(target)
     _, output = embedding_matrices(target)
-    train, heldout = split_examples(shards)
+    train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(StandaloneObjective(model, output), train, heldout, options.training, options.out / "train" / "standalone.pt")
     if options.resume:
         trainer.resume()

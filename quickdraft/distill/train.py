@@ -39,6 +39,8 @@ class TrainConfig:
     warmup_steps: int = 20
     unroll: int = 3  # drafting steps simulated in training (1 = EAGLE-1 teacher forcing only)
     ce_weight: float = 1.0  # weight of the token cross-entropy next to the smooth-L1 state loss (EAGLE: 0.1)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    train_on_prompts: bool = False  # also count the prompts' pairs in training (held-out stays answers only)
     eval_k: int = 4
     eval_every: int = 50  # steps between held-out evaluations
     checkpoint_seconds: float = 120.0
@@ -54,17 +56,24 @@ class Example:
     next_tokens: torch.Tensor  # [L] x_1..x_L
     targets: torch.Tensor  # [L, d] f_1..f_L
     greedy_next: torch.Tensor  # [L] x_2..x_{L+1}; -1 where unknown (the last pair)
-    first_pair: int  # answer_start - 1: the first pair whose target is an answer state
+    first_pair: int  # the first pair that counts (answer_start - 1: its target is the first answer state)
 
 
-def split_examples(shards: list[Shard]) -> tuple[list[Example], list[Example]]:
-    """(training, held-out) examples; a prompt's sequence goes to one split only."""
+def split_examples(shards: list[Shard], train_on_prompts: bool = False) -> tuple[list[Example], list[Example]]:
+    """(training, held-out) examples; a prompt's sequence goes to one split only.
+
+    Held-out examples count answer pairs only; training examples also count the prompt's pairs
+    when `train_on_prompts` (the target's states on user text: more data, same dynamics).
+    """
     train, heldout = [], []
     for shard in shards:
         for prompt_index, tokens, hidden, answer_start in shard.sequences():
             if len(tokens) - answer_start < 2:
                 continue
-            (heldout if prompt_index % HELDOUT_EVERY == 0 else train).append(_example(tokens, hidden, answer_start))
+            if prompt_index % HELDOUT_EVERY == 0:
+                heldout.append(_example(tokens, hidden, answer_start))
+            else:
+                train.append(_example(tokens, hidden, 1 if train_on_prompts else answer_start))
     return train, heldout
 
 
@@ -77,9 +86,10 @@ def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.T
     return train, heldout
 
 
-def _example(tokens: torch.Tensor, hidden: torch.Tensor, answer_start: int) -> Example:
+def _example(tokens: torch.Tensor, hidden: torch.Tensor, counted_from: int) -> Example:
+    """Pairs of one sequence; pairs predicting positions >= counted_from count in the loss."""
     greedy_next = torch.cat([tokens[2:], torch.tensor([-1])])
-    return Example(tokens[:-1], hidden[:-1], tokens[1:], hidden[1:], greedy_next, max(answer_start - 1, 0))
+    return Example(tokens[:-1], hidden[:-1], tokens[1:], hidden[1:], greedy_next, max(counted_from - 1, 0))
 
 
 @dataclass
@@ -172,7 +182,7 @@ class Trainer:
         self.objective, self.train, self.heldout, self.config = objective, train, heldout, config
         self.checkpoint = checkpoint
         parameters = [p for p in objective.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
         self.state = TrainState()
         self.batches_per_epoch = math.ceil(len(train) / config.batch_sequences)
         self.total_steps = max(1, int(config.epochs * self.batches_per_epoch))
