@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill.head_dir import build_head, load_head, save_head
 from quickdraft.distill.identity import target_identity
@@ -115,6 +116,32 @@ def test_rejection_sampling_with_reduced_vocabulary_follows_the_target():
     assert sum(counts[i] for i in range(vocab) if i not in reduced.tolist()) > 0  # out-of-vocab mass recovered
     dishonest, _ = _first_token_counts(draft_probs, target_probs, samples, honest=False)
     assert chisquare([dishonest[i] for i in range(vocab)], (target_probs.double() / target_probs.double().sum() * samples).tolist()).pvalue < 1e-6
+
+
+def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_models):
+    """End to end at one position: head proposals (reduced vocabulary, sampled) + rejection sampling ~ target."""
+    target = tiny_models["llama"]
+    vocab_ids = torch.arange(0, target.info.vocab_size, 2)
+    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h")
+    params = SamplingParams(temperature=0.7, top_k=12)
+    prompt = Engine(target).encode("Once upon a time")
+    logits, hidden = target.runner.prefill(prompt, return_hidden=True)
+    pending = int(logits.argmax())
+    target_probs = sampling.warp(target.runner.forward([pending])[-1:], params)[0]  # [vocab] after the pending token
+    generator = torch.Generator().manual_seed(3)
+    drafter.begin(prompt, params, generator)
+    drafter.observe_target(hidden)
+    samples, counts, proposed = 4000, torch.zeros(target.info.vocab_size), set()
+    for _ in range(samples):
+        draft = drafter.propose(prompt + [pending], 1)
+        proposed.add(draft.token_ids[0])
+        verdict = rejection_sample(torch.tensor(draft.token_ids), draft.probs, torch.stack([target_probs] * 2), generator)
+        counts[verdict.tokens[0]] += 1
+    assert proposed <= set(vocab_ids.tolist())
+    support = target_probs > 0
+    assert counts[~support].sum() == 0
+    expected = (target_probs[support].double() / target_probs[support].double().sum() * samples).tolist()
+    assert chisquare(counts[support].tolist(), expected).pvalue > 1e-3
 
 
 def test_loading_against_another_target_fails_clearly(tiny_models, tmp_path):
