@@ -18,7 +18,7 @@ from quickdraft.distill.model import DraftHead, HeadConfig
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
 
-FORMAT = "quickdraft-head/2"
+FORMAT = "quickdraft-head/1"
 WEIGHTS = "head.safetensors"
 CONFIG = "config.json"
 

@@ -3,9 +3,8 @@
 Notation: x_t is the token at position t; f_t is the target's post-norm hidden state there (the
 vector its output layer reads to predict x_{t+1}). The head's input at position t is the pair
 (f_t, x_{t+1}): both are RMS-normalised, concatenated and fused by one linear map, then one
-decoder layer (causal attention over the earlier pairs, SwiGLU MLP) and a final RMSNorm (started
-from the target's final norm, so predictions begin with the target's per-channel scales) output a
-prediction of f_{t+1}. Draft logits are that prediction times the target's own output rows for a reduced
+decoder layer (causal attention over the earlier pairs, SwiGLU MLP) outputs a prediction of
+f_{t+1}. Draft logits are that prediction times the target's own output rows for a reduced
 vocabulary (frozen, taken from the target at load time, not stored with the head).
 
 Drafting k tokens runs the head autoregressively on its own predictions: the pair at the next
@@ -144,7 +143,6 @@ class DraftHead(nn.Module):
         self.gate_proj = nn.Linear(d, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=False)
-        self.out_norm = RMSNorm(d, eps)
         self.register_buffer("embeddings", embeddings, persistent=False)  # [target_vocab, d]
         self.register_buffer("output_rows", output[vocab_ids].float(), persistent=False)  # [draft_vocab, d]
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)  # [draft_vocab] target id of each draft logit
@@ -155,10 +153,10 @@ class DraftHead(nn.Module):
         return self.fuse(torch.cat([self.state_norm(states), self.embed_norm(embedded)], dim=-1))
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Residual attention output, the MLP block, the final norm: [B, T, d] -> predicted states [B, T, d]."""
+        """Residual attention output, then the MLP block: [B, T, d] -> predicted states [B, T, d]."""
         x = x + attended
         h = self.mlp_norm(x)
-        return self.out_norm(x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)))
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """Predicted states [..., d] -> logits over the reduced vocabulary [..., draft_vocab]."""

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import GenerationConfig, final_norm, generate_shards, load_shards
+from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards
 from quickdraft.distill.head_dir import build_head, save_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
@@ -70,8 +70,6 @@ def distill(options: DistillOptions) -> Path:
 
 def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict, prompts: list[str], options: DistillOptions, started: float) -> Path:
     head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
-    with torch.no_grad():
-        head.out_norm.weight.copy_(final_norm(target.runner.model).weight.float())
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
     if options.resume and trainer.resume():
