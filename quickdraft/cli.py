@@ -7,14 +7,14 @@ from quickdraft.errors import QuickdraftError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quickdraft.commands import bench_adaptive_cmd, bench_cmd, bench_runtime_cmd, generate_cmd, models_cmd, serve_cmd
+    from quickdraft.commands import bench_adaptive_cmd, bench_cmd, bench_runtime_cmd, distill_cmd, generate_cmd, models_cmd, serve_cmd
 
     parser = argparse.ArgumentParser(
         prog="quickdraft", description="Lossless speculative decoding: faster generation, identical output."
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate_cmd, models_cmd, serve_cmd, bench_cmd, bench_runtime_cmd, bench_adaptive_cmd):
+    for command in (generate_cmd, models_cmd, serve_cmd, bench_cmd, bench_runtime_cmd, bench_adaptive_cmd, distill_cmd):
         command.register(subparsers)
     return parser
 

@@ -52,7 +52,7 @@ K_LIMIT = 64  # largest draft length anyone may ask for
 class SpecConfig:
     """How speculation is done for a request."""
 
-    drafter: str = "ngram"  # "none", "ngram", a same-tokenizer draft model (name or path), or several joined by commas (auto only)
+    drafter: str = "ngram"  # "none", "ngram", "head" / "head:DIR" (draft head), a same-tokenizer draft model (name or path), or several joined by commas (auto only)
     k: int | Literal["auto"] = "auto"  # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
     k_max: int = 8  # auto: most draft tokens the controller may choose
     ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up

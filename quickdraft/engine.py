@@ -26,6 +26,7 @@ from quickdraft.controller import AdaptiveController, Controller, ControllerMemo
 from quickdraft.costs import calibrate_drafter, calibrate_target
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, is_lookup, make_drafter
 from quickdraft.errors import UsageError
+from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDetokenizer, Messages, StopMatcher, encode_prompt
@@ -163,20 +164,23 @@ class Engine:
         for name in spec.drafters:
             self.drafter(name).begin(prompt_ids, params, generator)
         started = time.perf_counter()
-        first = sampling.choose(runner.prefill(prompt_ids)[None], params, generator)  # [1]
+        hidden_readers = [d for d in self._candidates(spec).values() if getattr(d, "needs_target_hidden", False)]
+        first = sampling.choose(_prefill(runner, prompt_ids, hidden_readers)[None], params, generator)  # [1]
         stats.target_forwards = 1
         request.commit((int(first),))
         stats.prefill_seconds = time.perf_counter() - started
         yield from request.deltas()
         while not request.finish_reason:
-            self._step(request, controller, generator, stats)
+            self._step(request, controller, hidden_readers, generator, stats)
             yield from request.deltas()
         controller.finish()
         stats.generated_tokens = len(request.generated)
         stats.total_seconds = time.perf_counter() - started
         yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
 
-    def _step(self, request: "_Request", controller: Controller, generator: torch.Generator, stats: GenerationStats) -> None:
+    def _step(
+        self, request: "_Request", controller: Controller, hidden_readers: list[Drafter], generator: torch.Generator, stats: GenerationStats
+    ) -> None:
         runner = self.target.runner
         started = time.perf_counter()
         plan = controller.plan(request.context, request.remaining - 1)
@@ -184,11 +188,13 @@ class Engine:
         draft = self._draft(plan, request.context)
         drafted = time.perf_counter()
         committed_length = runner.cache_length
-        logits = runner.forward([request.pending, *draft.token_ids])  # [len(draft) + 1, vocab]
+        logits, hidden = _forward(runner, [request.pending, *draft.token_ids], hidden_readers)  # [len(draft) + 1, vocab]
         verdict = _verify(draft, logits, request.params, generator)
         runner.rollback(committed_length + 1 + verdict.num_accepted)
         verified = time.perf_counter()
         controller.observe(plan, draft, verdict, drafted - planned, verified - drafted)
+        for reader in hidden_readers:
+            reader.observe_target(hidden[: verdict.num_accepted + 1])  # states of the committed positions
         stats.draft_seconds += drafted - started
         stats.verify_seconds += verified - drafted
         stats.record_step(len(draft), verdict.num_accepted, plan.drafter or "none")
@@ -201,6 +207,23 @@ class Engine:
         if plan.drafter in plan.lookups:
             return plan.lookups[plan.drafter].truncated(plan.k)
         return self.drafter(plan.drafter).propose(context, plan.k)
+
+
+def _prefill(runner: ModelRunner, prompt_ids: list[int], hidden_readers: list[Drafter]) -> torch.Tensor:
+    """The prompt's last logits [vocab]; drafters that read target states get the prompt's."""
+    if not hidden_readers:
+        return runner.prefill(prompt_ids)
+    logits, hidden = runner.prefill(prompt_ids, return_hidden=True)  # [vocab], [prompt, hidden]
+    for reader in hidden_readers:
+        reader.observe_target(hidden)
+    return logits
+
+
+def _forward(runner: ModelRunner, token_ids: list[int], hidden_readers: list[Drafter]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits [n, vocab], plus the states [n, hidden] when a drafter reads them (else None)."""
+    if not hidden_readers:
+        return runner.forward(token_ids), None
+    return runner.forward(token_ids, return_hidden=True)
 
 
 def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:

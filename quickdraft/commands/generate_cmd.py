@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
-    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,MODEL (default ngram)")
+    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head (default ngram)")
     parser.add_argument("--k", type=parse_k, default="auto", help="draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) or a fixed N (default auto)")
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
     parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")

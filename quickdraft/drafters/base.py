@@ -9,6 +9,13 @@ rolls it back to whatever prefix of its own history is still valid.
 A drafter may set the class attribute `lookup_only = True` when proposing costs a lookup, not a
 model forward (n-gram): the adaptive controller then asks it for k_max tokens before deciding,
 and cuts the proposal to the k it chooses.
+
+A drafter that reads the target's hidden states (the `head` drafter) sets the class attribute
+`needs_target_hidden = True` and has `observe_target(hidden)`: the engine then asks the target
+for its states and passes, after the prefill, the states of every prompt position, and after
+each verification, the states of the positions that were committed (the pending token and the
+accepted draft tokens): `hidden` [n, hidden] holds the next n committed positions, in order.
+Other drafters cost nothing: the engine only requests states when the attribute is set.
 """
 
 from dataclasses import dataclass
@@ -95,4 +102,4 @@ def make_drafter(spec_name: str, target: LoadedModel, spec: SpecConfig, options:
 
 
 def _import_builtin_drafters() -> None:
-    from quickdraft.drafters import draft_model, ngram, no_draft  # noqa: F401  (registers them)
+    from quickdraft.drafters import draft_model, head, ngram, no_draft  # noqa: F401  (registers them)

@@ -4,6 +4,16 @@ A runner owns one model and one KV cache for a single sequence (batch 1). The ca
 first `cache_length` tokens of the sequence; `forward` appends tokens at the next positions and
 returns their logits; `rollback` forgets everything after a given length, so rejected draft
 tokens are simply overwritten by the next `forward`.
+
+Hidden states, for drafters that read the target's own states (the `head` drafter): with
+`return_hidden=True`, `prefill` returns `(logits [vocab], hidden [len(token_ids), hidden_size])`
+and `forward` returns `(logits [n, vocab], hidden [n, hidden_size])`. `hidden[i]` is the final
+hidden state at input position i *after the final norm*: exactly the vector the output layer
+multiplies to produce that position's logits (for Llama and Gemma, the output of `model.norm`).
+Prefill returns it for every prompt position, though it computes logits only for the last.
+It comes from the same forward pass, never an extra one; without the keyword nothing changes.
+Such runners also expose `embedding_matrices() -> (token embeddings [vocab, hidden_size],
+output layer [vocab, hidden_size])`, the weights as stored (Gemma's embedding scale not applied).
 """
 
 from dataclasses import dataclass, field

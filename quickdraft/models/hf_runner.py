@@ -39,6 +39,10 @@ class HFRunner:
         logits, hidden = self._run(token_ids, logits_to_keep=0, return_hidden=return_hidden)
         return (logits, hidden) if return_hidden else logits
 
+    def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token embeddings [vocab, hidden], output layer [vocab, hidden]) as stored (no embedding scale)."""
+        return self.model.get_input_embeddings().weight.detach(), self.model.get_output_embeddings().weight.detach()
+
     def rollback(self, length: int) -> None:
         surplus = self.cache_length - length
         if surplus < 0:

@@ -1,0 +1,90 @@
+"""Measuring a head: teacher-forced held-out metrics of an untrained head, engine runs, cost ratio.
+
+`engine_metrics` answers prompts greedily with the engine, once with the head drafter and once
+with the target alone, in the same process: acceptance (alpha), tau (tokens per target forward),
+acceptance by position, speedup, and whether every output is identical. `cost_ratio` is c: the
+median time of one head drafting step (one pair through the head plus its reduced output layer)
+over the median time of a one-token target forward, measured interleaved.
+"""
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill.head_dir import build_head
+from quickdraft.distill.model import DraftHead, HeadConfig, KVCache
+from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evaluate
+from quickdraft.engine import Engine
+from quickdraft.models.loading import LoadedModel
+
+COST_REPEATS = 30
+COST_CONTEXT = 64
+
+
+def heldout_prompts(prompts: list[str], count: int) -> list[str]:
+    """The first `count` prompts of the held-out split (never trained on)."""
+    return [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY == 0][:count]
+
+
+def untrained_metrics(target: LoadedModel, vocab_ids: torch.Tensor, heldout: list[Example], config: TrainConfig) -> dict:
+    """Held-out metrics of a freshly initialised head: the baseline training must beat."""
+    torch.manual_seed(config.seed)
+    head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab_ids)
+    return evaluate(head, heldout, config)
+
+
+def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_new_tokens: int, k: int = 4) -> dict:
+    """Greedy generation with the saved head (k drafts) and with the target alone on `prompts`."""
+    engine = Engine(target, SpecConfig(drafter=f"head:{head_dir}", k=k))
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    drafted = accepted = steps = 0
+    by_position = torch.zeros(k)
+    spec_seconds = base_seconds = 0.0
+    identical = True
+    generated = 0
+    for prompt in prompts:
+        ids = engine.encode(prompt, chat=bool(target.tokenizer.chat_template))
+        result = engine.generate(ids, params)
+        baseline = engine.generate(ids, params, spec=engine.with_spec(drafter="none"))
+        stats = result.stats
+        drafted, accepted, steps = drafted + stats.draft_tokens, accepted + stats.accepted_tokens, steps + stats.steps
+        by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
+        spec_seconds, base_seconds = spec_seconds + stats.total_seconds, base_seconds + baseline.stats.total_seconds
+        identical = identical and result.token_ids == baseline.token_ids
+        generated += stats.generated_tokens
+    return {
+        "prompts": len(prompts),
+        "k": k,
+        "generated_tokens": generated,
+        "alpha": round(accepted / max(drafted, 1), 4),
+        "tau": round((accepted + steps) / max(steps, 1), 4),
+        "acceptance_by_position": [round(float(a) / max(steps, 1), 4) for a in by_position],
+        "speedup": round(base_seconds / max(spec_seconds, 1e-9), 3),
+        "identical": identical,
+        "cost_ratio": round(cost_ratio(target, engine.drafter(engine.spec.drafter).head), 4),
+    }
+
+
+@torch.inference_mode()
+def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
+    """c: median head drafting step time / median one-token target forward time (interleaved)."""
+    runner = target.runner
+    context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
+    _, hidden = runner.prefill(context, return_hidden=True)  # [COST_CONTEXT, d]
+    cache = KVCache()
+    head.step(hidden[:-1], torch.tensor(context[1:]), cache)
+    state, token = hidden[-1:], torch.tensor([context[0]])
+    head_times, target_times = [], []
+    for _ in range(COST_REPEATS):
+        started = time.perf_counter()
+        int(head.draft_logits(head.step(state, token, cache)[-1]).argmax())
+        head_times.append(time.perf_counter() - started)
+        cache.length -= 1
+        started = time.perf_counter()
+        runner.forward(context[:1])
+        target_times.append(time.perf_counter() - started)
+        runner.rollback(COST_CONTEXT)
+    return statistics.median(head_times) / statistics.median(target_times)

@@ -1,0 +1,59 @@
+"""Which target a head belongs to, and the check that refuses any other target.
+
+A head predicts one model's hidden states and reuses its embedding and output rows, so it is
+useless on any other model. Its config records the target's architecture, sizes and a probe:
+a few values of the target's output layer, compared with a tolerance wide enough for float32
+versus bfloat16 loading and far too narrow for different weights.
+"""
+
+import torch
+
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel
+
+PROBE_ROWS = 16  # output-layer rows sampled, evenly spaced over the vocabulary
+PROBE_COLUMNS = 8
+PROBE_TOLERANCE = 2e-2  # absolute; bfloat16 rounding of typical weights is ~1e-3
+
+
+def target_identity(target: LoadedModel) -> dict:
+    """JSON-able identity: name, architecture, vocab and hidden sizes, output-layer probe."""
+    _, output = embedding_matrices(target)
+    return {
+        "name": target.info.name,
+        "architecture": target.info.architecture,
+        "vocab_size": target.info.vocab_size,
+        "hidden_size": int(output.shape[1]),
+        "probe": [round(v, 5) for v in _probe(output).tolist()],
+    }
+
+
+def check_target(expected: dict, target: LoadedModel, head_dir: str) -> None:
+    """Raise UsageError unless `target` is the model the head was trained on."""
+    actual = target_identity(target)
+    for key in ("architecture", "vocab_size", "hidden_size"):
+        if actual[key] != expected[key]:
+            _refuse(head_dir, expected, f"{key} {actual[key]} instead of {expected[key]}")
+    difference = (torch.tensor(actual["probe"]) - torch.tensor(expected["probe"])).abs().max()
+    if difference > PROBE_TOLERANCE:
+        _refuse(head_dir, expected, "different weights")
+
+
+def embedding_matrices(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token embeddings [vocab, hidden], output layer [vocab, hidden]) of the target's runner."""
+    matrices = getattr(target.runner, "embedding_matrices", None)
+    if matrices is None:
+        raise UsageError(f"the {type(target.runner).__name__} runner does not expose its embeddings; use --runtime hf with a head drafter")
+    return matrices()
+
+
+def _probe(output: torch.Tensor) -> torch.Tensor:
+    rows = torch.linspace(0, output.shape[0] - 1, PROBE_ROWS).long()
+    return output[rows, :PROBE_COLUMNS].float().flatten()  # [PROBE_ROWS * PROBE_COLUMNS]
+
+
+def _refuse(head_dir: str, expected: dict, why: str) -> None:
+    raise UsageError(
+        f"head {head_dir} was trained for target {expected['name']} ({expected['architecture']}); this target has {why}; "
+        f"use that target, or train a head for this one with quickdraft distill --target MODEL"
+    )

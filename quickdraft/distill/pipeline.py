@@ -1,0 +1,126 @@
+"""`quickdraft distill` end to end: data, vocabulary, training, evaluation, output directory.
+
+Layout of the output directory:
+
+    DIR/data/           shards of self-generated answers with the target's states (see data.py)
+    DIR/train/          vocab.json (fixed at the first training run) and checkpoint.pt
+    DIR/head.safetensors, DIR/config.json, DIR/README.md   the head (kind "head")
+    DIR/standalone/     a transformers model directory (kind "standalone")
+
+Every stage resumes: data appends shards up to --tokens, training continues from its checkpoint.
+"""
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from quickdraft.distill import card, evaluation
+from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards
+from quickdraft.distill.head_dir import build_head, save_head
+from quickdraft.distill.identity import target_identity
+from quickdraft.distill.model import HeadConfig
+from quickdraft.distill.prompts import load_prompts
+from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, split_examples
+from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, prompt_counts
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel, load_model
+
+Kind = Literal["head", "standalone"]
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    target: str  # model name or path
+    out: Path
+    prompts: Path | None = None  # None: the built-in ShareGPT prompts
+    tokens: int = 50_000  # answer tokens to generate (data stage stops once reached)
+    vocab: int | None = None  # reduced vocabulary size; None: smallest covering 98% of held-out answer tokens
+    resume: bool = False
+    kind: Kind = "head"
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    training: TrainConfig = field(default_factory=TrainConfig)
+    eval_prompts: int = 10  # held-out prompts answered by the engine with the head, for the card
+    command: str = ""  # the command line, recorded in the card
+
+
+def distill(options: DistillOptions) -> Path:
+    """Run every stage; returns the directory of the result."""
+    _check_out(options)
+    started = time.perf_counter()
+    target = load_model(options.target, runtime="hf")
+    prompts = load_prompts(options.prompts)
+    identity = target_identity(target)
+    _say(f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens")
+    generate_shards(target.runner.model, target.tokenizer, prompts, options.out / "data", options.tokens,
+                    options.generation, identity, progress=_data_progress(time.perf_counter()))
+    shards = load_shards(options.out / "data")
+    if options.kind == "standalone":
+        from quickdraft.distill.standalone import train_standalone
+
+        return train_standalone(target, shards, options)
+    vocab = _vocab(target, shards, prompts, options)
+    _say(f"reduced vocabulary: {len(vocab.ids)} tokens, covering {vocab.heldout_coverage:.2%} of held-out answer tokens")
+    return _train_head(target, shards, vocab, identity, prompts, options, started)
+
+
+def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict, prompts: list[str], options: DistillOptions, started: float) -> Path:
+    head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
+    train, heldout = split_examples(shards, options.training.train_on_prompts)
+    trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
+    if options.resume and trainer.resume():
+        _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")
+    untrained = evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
+    metrics = trainer.run()
+    head.eval()
+    extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
+    save_head(options.out, head, identity, **extra)
+    eval_prompts = evaluation.heldout_prompts(prompts, options.eval_prompts)
+    _say(f"measuring the saved head with the engine on {len(eval_prompts)} held-out prompts")
+    measured = evaluation.engine_metrics(target, options.out, eval_prompts, options.generation.max_new_tokens)
+    save_head(options.out, head, identity, **extra, engine=measured)
+    facts = card.Facts(
+        target=options.target, identity=identity, data=card.data_facts(shards, train, heldout), vocab=vocab,
+        training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
+        heldout=metrics, untrained=untrained, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
+    )
+    (options.out / "README.md").write_text(card.render(facts))
+    _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
+    return options.out
+
+
+def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:
+    """The reduced vocabulary, chosen once and kept for resumed runs."""
+    path = options.out / "train" / "vocab.json"
+    train_answers, heldout_answers = answer_tokens(shards)
+    train_counts = count_tokens(train_answers, target.info.vocab_size)
+    heldout_counts = count_tokens(heldout_answers, target.info.vocab_size)
+    if path.exists():
+        ids = torch.tensor(json.loads(path.read_text())["ids"], dtype=torch.long)
+        return choose_vocab(train_counts, heldout_counts, len(ids), forced=ids.tolist())
+    training_prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY != 0]
+    prior = prompt_counts(target.tokenizer, training_prompts, target.info.vocab_size)
+    vocab = choose_vocab(train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids), prior_counts=prior)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"ids": vocab.ids.tolist()}))
+    return vocab
+
+
+def _check_out(options: DistillOptions) -> None:
+    if options.out.exists() and any(options.out.iterdir()) and not options.resume:
+        raise UsageError(f"{options.out} is not empty; pass --resume to continue that run, or choose a new --out")
+
+
+def _data_progress(started: float):
+    def report(done: int, goal: int) -> None:
+        _say(f"data: {done}/{goal} answer tokens after {time.perf_counter() - started:.0f} s")
+
+    return report
+
+
+def _say(message: str) -> None:
+    print(f"distill: {message}", file=sys.stderr, flush=True)

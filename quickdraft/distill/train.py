@@ -1,0 +1,315 @@
+"""Training the head on the target's own states, with a held-out split and resumable checkpoints.
+
+Each sequence of T tokens gives pairs t = 0..T-2: input (f_t, x_{t+1}), target f_{t+1}. Only
+pairs that predict answer positions count (t >= answer_start - 1). The loss of drafting step s
+(see `DraftHead.unrolled`) is EAGLE's: smooth-L1 between predicted and true state, plus
+`ce_weight` times the cross-entropy from the target's next-token distribution (softmax of its
+output rows times the true state, renormalised over the reduced vocabulary) to the head's.
+Steps are weighted equally. The learning rate warms up, then follows a cosine to zero over the
+run's progress: the larger of the step fraction and the fraction of the time budget used.
+
+Held-out metrics are teacher-forced: the draft token of step s at position t is right when it
+equals the target's greedy token there; a draft starting at t is accepted up to the first wrong
+step, which gives acceptance by position, alpha and tau for k = `eval_k`.
+"""
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from quickdraft.distill.data import Shard
+from quickdraft.distill.model import DraftHead
+
+HELDOUT_EVERY = 20  # prompt index % HELDOUT_EVERY == 0 goes to the held-out split (5%)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: float = 4.0  # passes over the training split
+    minutes: float | None = None  # wall-clock cap on training (progress and lr schedule follow it)
+    batch_sequences: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    unroll: int = 3  # drafting steps simulated in training (1 = EAGLE-1 teacher forcing only)
+    ce_weight: float = 1.0  # weight of the token cross-entropy next to the smooth-L1 state loss (EAGLE: 0.1)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    train_on_prompts: bool = False  # also count the prompts' pairs in training (held-out stays answers only)
+    eval_k: int = 4
+    eval_every: int = 50  # steps between held-out evaluations
+    checkpoint_seconds: float = 120.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Example:
+    """One sequence as training pairs."""
+
+    tokens: torch.Tensor  # [L] x_0..x_{L-1}, L = T - 1
+    states: torch.Tensor  # [L, d] f_0..f_{L-1} (stored dtype)
+    next_tokens: torch.Tensor  # [L] x_1..x_L
+    targets: torch.Tensor  # [L, d] f_1..f_L
+    greedy_next: torch.Tensor  # [L] x_2..x_{L+1}; -1 where unknown (the last pair)
+    first_pair: int  # the first pair that counts (answer_start - 1: its target is the first answer state)
+
+
+def split_examples(shards: list[Shard], train_on_prompts: bool = False) -> tuple[list[Example], list[Example]]:
+    """(training, held-out) examples; a prompt's sequence goes to one split only.
+
+    Held-out examples count answer pairs only; training examples also count the prompt's pairs
+    when `train_on_prompts` (the target's states on user text: more data, same dynamics).
+    """
+    train, heldout = [], []
+    for shard in shards:
+        for prompt_index, tokens, hidden, answer_start in shard.sequences():
+            if len(tokens) - answer_start < 2:
+                continue
+            if prompt_index % HELDOUT_EVERY == 0:
+                heldout.append(_example(tokens, hidden, answer_start))
+            else:
+                train.append(_example(tokens, hidden, 1 if train_on_prompts else answer_start))
+    return train, heldout
+
+
+def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Answer token ids per sequence, (training split, held-out split)."""
+    train, heldout = [], []
+    for shard in shards:
+        for prompt_index, tokens, _, answer_start in shard.sequences():
+            (heldout if prompt_index % HELDOUT_EVERY == 0 else train).append(tokens[answer_start:])
+    return train, heldout
+
+
+def _example(tokens: torch.Tensor, hidden: torch.Tensor, counted_from: int) -> Example:
+    """Pairs of one sequence; pairs predicting positions >= counted_from count in the loss."""
+    greedy_next = torch.cat([tokens[2:], torch.tensor([-1])])
+    return Example(tokens[:-1], hidden[:-1], tokens[1:], hidden[1:], greedy_next, max(counted_from - 1, 0))
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, L]
+    states: torch.Tensor  # [B, L, d] float32
+    next_tokens: torch.Tensor  # [B, L]
+    targets: torch.Tensor  # [B, L, d]
+    greedy_next: torch.Tensor  # [B, L], -1 = unknown
+    mask: torch.Tensor  # [B, L] bool: pairs that count
+
+
+def make_batch(examples: list[Example]) -> Batch:
+    length = max(len(e.next_tokens) for e in examples)
+    pad = lambda t, value=0: F.pad(t, (0, 0) * (t.dim() - 1) + (0, length - t.shape[0]), value=value)  # noqa: E731
+    positions = torch.arange(length)
+    return Batch(
+        tokens=torch.stack([pad(e.tokens) for e in examples]),
+        states=torch.stack([pad(e.states.float()) for e in examples]),
+        next_tokens=torch.stack([pad(e.next_tokens) for e in examples]),
+        targets=torch.stack([pad(e.targets.float()) for e in examples]),
+        greedy_next=torch.stack([pad(e.greedy_next, -1) for e in examples]),
+        mask=torch.stack([(positions >= e.first_pair) & (positions < len(e.next_tokens)) for e in examples]),
+    )
+
+
+def step_losses(head: DraftHead, batch: Batch, steps: int, ce_weight: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(loss averaged over drafting steps, each step's draft token ids [B, L] as target ids).
+
+    Logits are computed only at the pairs that count (every step's pairs are a subset of
+    `batch.mask`, step s also needs t >= s-1), which skips the prompt positions.
+    """
+    counted = batch.mask.nonzero(as_tuple=True)  # ([N], [N])
+    positions = counted[1]  # [N]
+    targets = batch.targets[counted]  # [N, d]
+    with torch.no_grad():
+        target_probs = torch.softmax(head.draft_logits(targets), -1)  # [N, V]
+    total, drafted = 0.0, []
+    for step, predicted in enumerate(head.unrolled(batch.states, batch.next_tokens, steps), start=1):
+        valid = (positions >= step - 1).float()  # [N]
+        predicted = predicted[counted]  # [N, d]
+        logits = head.draft_logits(predicted)  # [N, V]
+        state_loss = F.smooth_l1_loss(predicted, targets, reduction="none").mean(-1)  # [N]
+        ce = -(target_probs * torch.log_softmax(logits, -1)).sum(-1)  # [N]
+        total = total + ((state_loss + ce_weight * ce) * valid).sum() / valid.sum().clamp_min(1)
+        step_ids = torch.full_like(batch.next_tokens, -1)  # [B, L]
+        step_ids[counted] = head.vocab_ids[logits.detach().argmax(-1)]
+        drafted.append(step_ids)
+    return total / steps, drafted
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint restores."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    seconds: float = 0.0
+    last_eval: dict | None = None
+
+
+class Objective(Protocol):
+    """What the trainer optimises: a model, its loss on a batch of examples, held-out metrics."""
+
+    model: torch.nn.Module
+
+    def loss(self, examples: list[Example]) -> torch.Tensor: ...
+
+    def evaluate(self, examples: list[Example]) -> dict: ...
+
+
+class HeadObjective:
+    """The head's loss (`step_losses`) over `unroll` drafting steps; teacher-forced held-out metrics."""
+
+    def __init__(self, head: DraftHead, config: TrainConfig) -> None:
+        self.model, self.config = head, config
+
+    def loss(self, examples: list[Example]) -> torch.Tensor:
+        return step_losses(self.model, make_batch(examples), self.config.unroll, self.config.ce_weight)[0]
+
+    def evaluate(self, examples: list[Example]) -> dict:
+        return evaluate(self.model, examples, self.config)
+
+
+class Trainer:
+    """Runs epochs over the training split with progress, held-out evaluation and checkpoints."""
+
+    def __init__(self, objective: Objective, train: list[Example], heldout: list[Example], config: TrainConfig, checkpoint: Path) -> None:
+        self.objective, self.train, self.heldout, self.config = objective, train, heldout, config
+        self.checkpoint = checkpoint
+        parameters = [p for p in objective.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+        self.state = TrainState()
+        self.batches_per_epoch = math.ceil(len(train) / config.batch_sequences)
+        self.total_steps = max(1, int(config.epochs * self.batches_per_epoch))
+        self._last_loss = float("nan")
+
+    def resume(self) -> bool:
+        """Load the checkpoint if there is one; True when training continues from it."""
+        if not self.checkpoint.exists():
+            return False
+        saved = torch.load(self.checkpoint, weights_only=False)
+        self.objective.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.state = TrainState(**saved["state"])
+        return True
+
+    def run(self) -> dict:
+        """Train to the end of the schedule (or the time cap); returns the final held-out metrics."""
+        bar = tqdm(total=self.total_steps, initial=self.state.step, desc="train", unit="step", dynamic_ncols=True)
+        started, saved_at = time.perf_counter() - self.state.seconds, time.perf_counter()
+        while self._progress() < 1.0:
+            self._train_step(self._next_examples())
+            self.state.seconds = time.perf_counter() - started
+            bar.update(1)
+            bar.set_postfix(loss=f"{self._last_loss:.4f}", heldout=_short(self.state.last_eval))
+            if self.state.step % self.config.eval_every == 0:
+                self.state.last_eval = self.objective.evaluate(self.heldout)
+            if time.perf_counter() - saved_at > self.config.checkpoint_seconds:
+                self.save_checkpoint()
+                saved_at = time.perf_counter()
+        bar.close()
+        self.state.last_eval = self.objective.evaluate(self.heldout)
+        self.save_checkpoint()
+        return self.state.last_eval
+
+    def _progress(self) -> float:
+        by_steps = self.state.step / self.total_steps
+        by_time = self.state.seconds / (60 * self.config.minutes) if self.config.minutes else 0.0
+        return max(by_steps, by_time)
+
+    def _learning_rate(self) -> float:
+        if self.state.step < self.config.warmup_steps:
+            return self.config.lr * (self.state.step + 1) / self.config.warmup_steps
+        return self.config.lr * 0.5 * (1 + math.cos(math.pi * min(self._progress(), 1.0)))
+
+    def _train_step(self, examples: list[Example]) -> None:
+        self.objective.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._learning_rate()
+        loss = self.objective.loss(examples)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.objective.model.parameters(), 1.0)
+        self.optimizer.step()
+        self._last_loss = float(loss.detach())
+        self.state.step += 1
+
+    def _next_examples(self) -> list[Example]:
+        """The next batch of the epoch; epochs shuffle sequences (seeded), batching similar lengths."""
+        if self.state.batch_in_epoch >= self.batches_per_epoch:
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+        batches = _epoch_batches(self.train, self.config.batch_sequences, self.config.seed + self.state.epoch)
+        chosen = batches[self.state.batch_in_epoch]
+        self.state.batch_in_epoch += 1
+        return [self.train[i] for i in chosen]
+
+    def save_checkpoint(self) -> None:
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.checkpoint.with_name(self.checkpoint.name + ".partial")
+        saved = {"model": self.objective.model.state_dict(), "optimizer": self.optimizer.state_dict(), "state": asdict(self.state)}
+        torch.save(saved, temporary)
+        temporary.replace(self.checkpoint)
+
+
+def _short(metrics: dict | None) -> str:
+    if not metrics:
+        return "-"
+    return f"tau {metrics['tau']:.2f}" if "tau" in metrics else f"loss {metrics['loss']:.3f}"
+
+
+def _epoch_batches(examples: list[Example], batch_size: int, seed: int) -> list[list[int]]:
+    count = len(examples)
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    window = batch_size * 16  # sort within windows so batches hold similar lengths
+    batches = []
+    for start in range(0, count, window):
+        group = sorted(order[start : start + window], key=lambda i: len(examples[i].next_tokens))
+        batches += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
+    random.Random(seed + 1).shuffle(batches)
+    return batches
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, examples: list[Example], config: TrainConfig) -> dict:
+    """Held-out loss and teacher-forced acceptance: by position, alpha and tau at k = eval_k."""
+    head.eval()
+    k, losses, accepted_lengths = config.eval_k, [], []
+    for start in range(0, len(examples), config.batch_sequences):
+        batch = make_batch(examples[start : start + config.batch_sequences])
+        loss, drafted = step_losses(head, batch, k, config.ce_weight)
+        losses.append(float(loss))
+        accepted_lengths.append(_accepted_lengths(batch, drafted))
+    lengths = torch.cat(accepted_lengths) if accepted_lengths else torch.zeros(0)  # [drafts]
+    by_position = [float((lengths >= s).float().mean()) / max(float((lengths >= s - 1).float().mean()), 1e-9) for s in range(1, k + 1)]
+    mean_accepted = float(lengths.float().mean()) if len(lengths) else 0.0
+    return {
+        "loss": sum(losses) / max(len(losses), 1),
+        "k": k,
+        "acceptance_by_position": [round(a, 4) for a in by_position],
+        "alpha": round(mean_accepted / k, 4),
+        "tau": round(1 + mean_accepted, 4),
+        "drafts": len(lengths),
+    }
+
+
+def _accepted_lengths(batch: Batch, drafted: list[torch.Tensor]) -> torch.Tensor:
+    """Accepted draft length for a draft starting at every valid answer position: [drafts].
+
+    drafted[s]: [B, L] the target id drafted by step s+1 at each pair (-1 where not computed).
+    """
+    length = batch.mask.shape[1]
+    k = len(drafted)
+    usable = length - k + 1
+    if usable <= 0:
+        return torch.zeros(0, dtype=torch.long)
+    right = [(drafted[s][:, s : s + usable] == batch.greedy_next[:, s : s + usable]) for s in range(k)]  # each [B, usable]
+    leading = torch.stack(right, -1).long().cumprod(-1).sum(-1)  # [B, usable]
+    starts = batch.mask[:, :usable] & (batch.greedy_next[:, k - 1 : k - 1 + usable] >= 0)
+    return leading[starts]

@@ -1,0 +1,111 @@
+"""`head:DIR`: drafting with a head that reads the target's own hidden states (EAGLE-style).
+
+The engine hands this drafter the target's post-norm state of every committed position
+(`observe_target`, after the prefill and after each verification). With f_t the state at
+position t and x the committed tokens, the head's cache holds the pairs (f_t, x_{t+1}) computed
+from true states; `propose` first feeds the pairs it has not seen, whose last output predicts
+the state after the pending token, then drafts k tokens on its own predicted states. Draft
+entries in the head's cache are rolled back before the next step re-feeds true states.
+
+Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
+the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row
+is zero outside the reduced vocabulary and exactly the distribution the token was drawn from.
+"""
+
+from pathlib import Path
+
+import torch
+
+from quickdraft import sampling
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill.head_dir import load_head
+from quickdraft.distill.model import DraftHead, KVCache
+from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel
+
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"  # quickdraft/heads/<target name>/
+
+
+class HeadDrafter:
+    needs_target_hidden = True  # the engine passes the target's states to observe_target
+
+    def __init__(self, head: DraftHead, target_vocab_size: int, name: str) -> None:
+        self.head = head
+        self.vocab_ids = head.vocab_ids  # [draft_vocab] target id of each draft logit
+        self.target_vocab_size = target_vocab_size
+        self.name = name
+        self._params = SamplingParams()
+        self._generator: torch.Generator | None = None
+        self._states: list[torch.Tensor] = []  # chunks of [n, d]: the target's state at each committed position
+        self._known = 0  # committed positions whose state has been observed
+        self._cache = KVCache()  # the head's keys and values; the first _true_pairs come from true states
+        self._true_pairs = 0
+        self._after_pending = torch.zeros(0)  # [d] the head's prediction from the last true pair
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
+        self._params = params
+        self._generator = generator
+        self._states, self._known = [], 0
+        self._cache = KVCache()
+        self._true_pairs = 0
+
+    def observe_target(self, hidden: torch.Tensor) -> None:
+        """The target's states [n, d] at the next n committed positions."""
+        self._states.append(hidden.detach())
+        self._known += hidden.shape[0]
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], k: int) -> Draft:
+        if k == 0:
+            return Draft(token_ids=())
+        if self._known != len(context_ids) - 1:
+            raise UsageError(f"head drafter has {self._known} target states for a context of {len(context_ids)} tokens; the engine must call observe_target")
+        predicted = self._catch_up(context_ids)  # [d]
+        tokens, rows = [], []
+        for step in range(k):
+            token, row = self._choose(self.head.draft_logits(predicted))
+            tokens.append(token)
+            rows.append(row)
+            if step < k - 1:
+                predicted = self.head.step(predicted[None], torch.tensor([token], device=predicted.device), self._cache)[-1]
+        probs = None if self._params.greedy else torch.stack(rows)  # [k, target_vocab]
+        return Draft(token_ids=tuple(tokens), probs=probs)
+
+    def _catch_up(self, context_ids: list[int]) -> torch.Tensor:
+        """Drop draft pairs, feed the true pairs not yet seen; the prediction after the pending token [d]."""
+        self._cache.length = self._true_pairs
+        if self._true_pairs == self._known:  # nothing committed since the last draft
+            return self._after_pending
+        states = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known, d]
+        self._states = [states]
+        new_tokens = torch.tensor(context_ids[self._true_pairs + 1 :], device=states.device)  # x_{t+1} of the unseen pairs
+        self._after_pending = self.head.step(states[self._true_pairs :], new_tokens, self._cache)[-1]
+        self._true_pairs = self._known
+        return self._after_pending
+
+    def _choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """Reduced-vocab logits [draft_vocab] -> (target token id, its draft distribution [target_vocab] or None)."""
+        if self._params.greedy:
+            return int(self.vocab_ids[logits.argmax()]), None
+        full = logits.new_full((self.target_vocab_size,), float("-inf"))  # [target_vocab]
+        full[self.vocab_ids] = logits
+        probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
+        return int(sampling.sample(probs[None], self._generator)), probs
+
+
+def head_directory(argument: str, target_name: str) -> Path:
+    """`head:DIR`, `head:NAME` (a head shipped in quickdraft/heads) or bare `head` (the one shipped for the target)."""
+    name = argument or Path(target_name).name
+    for candidate in (Path(argument).expanduser() if argument else None, SHIPPED_HEADS / name):
+        if candidate is not None and candidate.is_dir():
+            return candidate
+    shipped = ", ".join(sorted(p.name for p in SHIPPED_HEADS.glob("*") if p.is_dir())) or "none"
+    raise UsageError(f"no draft head at {name!r} (shipped heads: {shipped}); pass head:DIR with a directory from quickdraft distill")
+
+
+@register_drafter("head")
+def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> HeadDrafter:
+    directory = head_directory(argument, target.info.name)
+    head = load_head(directory, target).to(target.runner.device)
+    return HeadDrafter(head, target.info.vocab_size, name=f"head:{directory}")

@@ -1,0 +1,171 @@
+"""`quickdraft distill` end to end on a tiny random target, and its parts: prompts, data, vocabulary, training."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from quickdraft.cli import main
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill.data import GenerationConfig, load_shards
+from quickdraft.distill.head_dir import build_head, load_head
+from quickdraft.distill.model import HeadConfig
+from quickdraft.distill.pipeline import DistillOptions, distill
+from quickdraft.distill.prompts import drop_evaluation_prompts, load_prompts, specbench_turns
+from quickdraft.distill.train import HeadObjective, TrainConfig, Trainer, evaluate, split_examples
+from quickdraft.distill.vocab import choose_vocab, count_tokens
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model_dir
+
+WORDS = "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast".split()
+TINY_GENERATION = GenerationConfig(max_new_tokens=24, batch_size=8, chunk_prompts=16)
+TINY_TRAINING = TrainConfig(epochs=20, batch_sequences=4, lr=1e-2, warmup_steps=5, unroll=2, ce_weight=1.0, eval_every=1000, eval_k=3)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    lines = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 5)) for i in range(48)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_dirs, prompts_file, tmp_path_factory):
+    """A head distilled from the tiny Llama: (options, output directory)."""
+    options = DistillOptions(
+        target=str(tiny_dirs["llama"]), out=tmp_path_factory.mktemp("distill") / "run", prompts=prompts_file,
+        tokens=500, generation=TINY_GENERATION, training=TINY_TRAINING, eval_prompts=2, command="test",
+    )
+    return options, distill(options)
+
+
+def test_distill_writes_a_loadable_head_with_config_and_card(distilled, tiny_models):
+    options, out = distilled
+    config = json.loads((out / "config.json").read_text())
+    assert config["target"]["vocab_size"] == 320
+    assert config["vocab"]["size"] == len(config["vocab"]["ids"]) > 0
+    assert 1 in config["vocab"]["ids"]  # end of sequence is always draftable
+    assert config["engine"]["identical"] is True
+    card = (out / "README.md").read_text()
+    assert "held-out tau@3" in card and "answer tokens" in card and "```\ntest\n```" in card
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter=f"head:{out}", k=3))
+    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate("the quick brown fox", SamplingParams(max_new_tokens=20))
+    assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=20)).token_ids == expected.token_ids
+
+
+def test_trained_head_beats_an_untrained_one_on_its_training_distribution(distilled, tiny_models):
+    options, out = distilled
+    target = tiny_models["llama"]
+    train, _ = split_examples(load_shards(out / "data"))
+    trained = load_head(out, target)
+    torch.manual_seed(0)
+    untrained = build_head(trained.config, target, trained.vocab_ids)
+    trained_metrics = evaluate(trained, train, TINY_TRAINING)
+    untrained_metrics = evaluate(untrained, train, TINY_TRAINING)
+    assert trained_metrics["loss"] < untrained_metrics["loss"]
+    assert trained_metrics["tau"] > untrained_metrics["tau"] + 0.5
+
+
+def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(distilled):
+    options, out = distilled
+    with pytest.raises(UsageError, match="--resume"):
+        distill(options)
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    first_shard = (out / "data" / manifest["shards"][0]["file"]).read_bytes()
+    steps_before = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]["step"]
+    more = replace(options, resume=True, tokens=options.tokens + 300, training=replace(TINY_TRAINING, epochs=22))
+    distill(more)
+    resumed = json.loads((out / "data" / "manifest.json").read_text())
+    assert len(resumed["shards"]) > len(manifest["shards"])
+    assert resumed["shards"][: len(manifest["shards"])] == manifest["shards"]
+    assert (out / "data" / manifest["shards"][0]["file"]).read_bytes() == first_shard
+    assert sum(s["answer_tokens"] for s in resumed["shards"]) >= more.tokens
+    state = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]
+    assert state["step"] > steps_before
+
+
+def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
+    options, out = distilled
+    target = tiny_models["llama"]
+    train, heldout = split_examples(load_shards(out / "data"))
+    vocab_ids = load_head(out, target).vocab_ids
+    config = replace(TINY_TRAINING, epochs=1)
+
+    def trainer(epochs):
+        torch.manual_seed(0)
+        head = build_head(HeadConfig.like_target(target.runner.model.config), target, vocab_ids)
+        return Trainer(HeadObjective(head, replace(config, epochs=epochs)), train, heldout, replace(config, epochs=epochs), tmp_path / "c.pt")
+
+    first = trainer(1)
+    first.run()
+    second = trainer(2)
+    assert second.resume()
+    assert second.state.step == first.state.step == first.batches_per_epoch
+    torch.testing.assert_close(second.objective.model.fuse.weight, first.objective.model.fuse.weight)
+    second.run()
+    assert second.state.step == 2 * first.state.step
+    assert second.state.epoch == 1
+
+
+def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):
+    options, out = distilled
+    shards = load_shards(out / "data")
+    answers_train, answers_heldout = split_examples(shards)
+    with_prompts_train, with_prompts_heldout = split_examples(shards, train_on_prompts=True)
+    assert all(e.first_pair == 0 for e in with_prompts_train)
+    assert all(e.first_pair > 0 for e in answers_train)
+    assert [e.first_pair for e in with_prompts_heldout] == [e.first_pair for e in answers_heldout]
+
+
+def test_prompts_that_appear_in_specbench_are_dropped(tmp_path):
+    evaluation = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture.", "Hi"]
+    prompts = ["compose an engaging  travel blog post about a recent trip to hawaii, highlighting culture.",
+               "Please: Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture. Thanks",
+               "hi", "Hi there", "Write a poem"]
+    assert drop_evaluation_prompts(prompts, evaluation) == ["Hi there", "Write a poem"]
+    turns = specbench_turns()
+    if not turns:
+        pytest.skip("the Spec-Bench dev file is not present")
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": p}) for p in [turns[0], "A prompt of our own"]) + "\n")
+    assert load_prompts(path) == ["A prompt of our own"]
+
+
+def test_vocabulary_covers_98_percent_of_heldout_answers_and_forces_eos():
+    torch.manual_seed(0)
+    zipf = 1.0 / torch.arange(1, 5001).double()
+    train = [torch.multinomial(zipf, 20000, replacement=True)]
+    heldout = [torch.multinomial(zipf, 5000, replacement=True)]
+    train_counts, heldout_counts = count_tokens(train, 5000), count_tokens(heldout, 5000)
+    choice = choose_vocab(train_counts, heldout_counts, None, forced=[4999])
+    assert choice.heldout_coverage >= 0.98
+    assert len(choice.ids) % 1024 == 0 or len(choice.ids) == 5000
+    smaller = choose_vocab(train_counts, heldout_counts, len(choice.ids) - 1024, forced=[4999])
+    assert smaller.heldout_coverage < 0.98
+    assert int(choice.ids[0]) == 4999
+    fixed = choose_vocab(train_counts, heldout_counts, 100, forced=[4999])
+    assert len(fixed.ids) == 100 and 0 < fixed.heldout_coverage < choice.heldout_coverage
+
+
+def test_standalone_kind_saves_a_transformers_model_usable_as_assistant(tiny_dirs, tiny_models, prompts_file, tmp_path):
+    out = tmp_path / "standalone-run"
+    code = main([
+        "distill", "--target", str(tiny_dirs["llama"]), "--out", str(out), "--prompts", str(prompts_file), "--tokens", "150",
+        "--max-new-tokens", "16", "--batch-size", "8", "--epochs", "1", "--kind", "standalone",
+    ])
+    assert code == 0
+    directory = out / "standalone"
+    draft = AutoModelForCausalLM.from_pretrained(directory)
+    target = tiny_models["llama"].runner.model
+    ids = tiny_models["llama"].tokenizer("the quick brown fox", return_tensors="pt").input_ids
+    alone = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=draft)
+    assert torch.equal(alone, assisted)
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter=str(directory), k=3))
+    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate("the quick brown fox", SamplingParams(max_new_tokens=16))
+    assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=16)).token_ids == expected.token_ids
+    assert load_model_dir(directory, runtime="hf").info.vocab_size == 320

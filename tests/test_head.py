@@ -1,0 +1,185 @@
+"""The head drafter: its model, exactness in the engine, the reduced vocabulary, and target checks."""
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from quickdraft import sampling
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill.head_dir import build_head, load_head, save_head
+from quickdraft.distill.identity import target_identity
+from quickdraft.distill.model import HeadConfig, KVCache
+from quickdraft.drafters.head import HeadDrafter
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+from quickdraft.verify import rejection_sample
+
+PROMPTS = ["The quick brown fox", "café 東京"]
+GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+
+def random_head(target, vocab_ids=None, seed=0):
+    torch.manual_seed(seed)
+    config = HeadConfig.like_target(target.runner.model.config.get_text_config())
+    vocab_ids = torch.arange(target.info.vocab_size) if vocab_ids is None else vocab_ids
+    head = build_head(config, target, vocab_ids)
+    for parameter in head.parameters():  # large weights: drafts far from uniform, so tests see accepts and rejects
+        torch.nn.init.normal_(parameter, std=0.3) if parameter.dim() > 1 else None
+    return head.eval()
+
+
+def head_engine(target, head, k):
+    engine = Engine(target, SpecConfig(drafter="head-test", k=k))
+    engine._drafters["head-test"] = HeadDrafter(head, target.info.vocab_size, "head-test")
+    return engine
+
+
+def test_unrolled_training_matches_step_by_step_drafting(tiny_models):
+    """Step s of the parallel training forward equals drafting s tokens with a cache after true context."""
+    head = random_head(tiny_models["llama"])
+    length, steps = 12, 3
+    states = torch.randn(1, length, head.config.hidden_size)  # [1, T, d]
+    tokens = torch.randint(0, 300, (1, length))  # [1, T] x_{t+1}
+    with torch.no_grad():
+        parallel = head.unrolled(states, tokens, steps)  # steps x [1, T, d]
+        for t in range(steps - 1, length):
+            for s in range(1, steps + 1):
+                cache = KVCache()
+                context_end = t - s + 1  # true pairs 0..context_end
+                predicted = head.step(states[0, : context_end + 1], tokens[0, : context_end + 1], cache)[-1]
+                for position in range(context_end + 1, t + 1):
+                    predicted = head.step(predicted[None], tokens[0, position : position + 1], cache)[-1]
+                torch.testing.assert_close(parallel[s - 1][0, t], predicted, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("k", [1, 5])
+def test_greedy_output_identical_with_head_drafter(tiny_models, arch, k):
+    target = tiny_models[arch]
+    vocab_ids = torch.arange(0, target.info.vocab_size, 2)  # half the vocabulary: some drafts impossible
+    engine = head_engine(target, random_head(target, vocab_ids), k)
+    baseline = Engine(target, SpecConfig(drafter="none"))
+    for prompt in PROMPTS:
+        expected = baseline.generate(prompt, GREEDY)
+        result = engine.generate(prompt, GREEDY)
+        assert result.token_ids == expected.token_ids, prompt
+        assert result.stats.draft_tokens > 0
+
+
+def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models):
+    target = tiny_models["llama"]
+    vocab_ids = torch.arange(10, 200)
+    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h")
+    prompt = Engine(target).encode("Once upon a time")
+    logits, hidden = target.runner.prefill(prompt, return_hidden=True)
+    generator = torch.Generator().manual_seed(0)
+    drafter.begin(prompt, SamplingParams(temperature=1.0), generator)
+    drafter.observe_target(hidden)
+    for _ in range(20):
+        draft = drafter.propose(prompt + [int(logits.argmax())], 4)
+        outside = torch.ones(target.info.vocab_size, dtype=torch.bool)
+        outside[vocab_ids] = False
+        assert draft.probs[:, outside].sum() == 0
+        torch.testing.assert_close(draft.probs.sum(-1), torch.ones(4))
+        assert all(10 <= token < 200 for token in draft.token_ids)
+
+
+def _first_token_counts(draft_probs, target_probs, samples, honest=True):
+    """Output token of position 1 over many draft + rejection-sample rounds."""
+    generator = torch.Generator().manual_seed(1)
+    counts = Counter()
+    proposals = set()
+    for _ in range(samples):
+        draft_token = torch.multinomial(draft_probs, 1, generator=generator)  # [1]
+        proposals.add(int(draft_token))
+        claimed = draft_probs[None] if honest else target_probs[None]  # dishonest: claims to be the target
+        verdict = rejection_sample(draft_token, claimed, torch.stack([target_probs, target_probs]), generator)
+        counts[verdict.tokens[0]] += 1
+    return counts, proposals
+
+
+def test_rejection_sampling_with_reduced_vocabulary_follows_the_target():
+    torch.manual_seed(0)
+    vocab, reduced = 8, torch.tensor([0, 1, 3, 5, 6])
+    target_probs = torch.softmax(torch.randn(vocab), 0)  # mass everywhere, some outside the reduced vocabulary
+    draft_logits = torch.full((vocab,), float("-inf"))
+    draft_logits[reduced] = torch.randn(len(reduced)) * 2
+    draft_probs = torch.softmax(draft_logits, 0)  # zero outside the reduced vocabulary
+    samples = 6000
+    counts, proposals = _first_token_counts(draft_probs, target_probs, samples)
+    assert proposals <= set(reduced.tolist())
+    observed = [counts[i] for i in range(vocab)]
+    assert chisquare(observed, (target_probs.double() / target_probs.double().sum() * samples).tolist()).pvalue > 1e-3
+    assert sum(counts[i] for i in range(vocab) if i not in reduced.tolist()) > 0  # out-of-vocab mass recovered
+    dishonest, _ = _first_token_counts(draft_probs, target_probs, samples, honest=False)
+    assert chisquare([dishonest[i] for i in range(vocab)], (target_probs.double() / target_probs.double().sum() * samples).tolist()).pvalue < 1e-6
+
+
+def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_models):
+    """End to end at one position: head proposals (reduced vocabulary, sampled) + rejection sampling ~ target."""
+    target = tiny_models["llama"]
+    vocab_ids = torch.arange(0, target.info.vocab_size, 2)
+    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h")
+    params = SamplingParams(temperature=0.7, top_k=12)
+    prompt = Engine(target).encode("Once upon a time")
+    logits, hidden = target.runner.prefill(prompt, return_hidden=True)
+    pending = int(logits.argmax())
+    target_probs = sampling.warp(target.runner.forward([pending])[-1:], params)[0]  # [vocab] after the pending token
+    generator = torch.Generator().manual_seed(3)
+    drafter.begin(prompt, params, generator)
+    drafter.observe_target(hidden)
+    samples, counts, proposed = 4000, torch.zeros(target.info.vocab_size), set()
+    for _ in range(samples):
+        draft = drafter.propose(prompt + [pending], 1)
+        proposed.add(draft.token_ids[0])
+        verdict = rejection_sample(torch.tensor(draft.token_ids), draft.probs, torch.stack([target_probs] * 2), generator)
+        counts[verdict.tokens[0]] += 1
+    assert proposed <= set(vocab_ids.tolist())
+    support = target_probs > 0
+    assert counts[~support].sum() == 0
+    expected = (target_probs[support].double() / target_probs[support].double().sum() * samples).tolist()
+    assert chisquare(counts[support].tolist(), expected).pvalue > 1e-3
+
+
+def test_loading_against_another_target_fails_clearly(tiny_models, tmp_path):
+    target = tiny_models["llama"]
+    head = random_head(target, torch.arange(50))
+    save_head(tmp_path / "head", head, target_identity(target))
+    loaded = load_head(tmp_path / "head", target)
+    torch.testing.assert_close(loaded.fuse.weight, head.fuse.weight)
+    assert loaded.vocab_ids.tolist() == list(range(50))
+    with pytest.raises(UsageError, match="trained for target llama .*different weights"):
+        load_head(tmp_path / "head", tiny_models["llama-other"])
+    with pytest.raises(UsageError, match="trained for target llama .*architecture"):
+        load_head(tmp_path / "head", tiny_models["gemma3"])
+
+
+def test_head_drafter_from_a_directory_through_the_engine(tiny_models, tmp_path):
+    target = tiny_models["llama"]
+    save_head(tmp_path / "head", random_head(target), target_identity(target))
+    engine = Engine(target, SpecConfig(drafter=f"head:{tmp_path / 'head'}", k=3))
+    expected = Engine(target, SpecConfig(drafter="none")).generate("Once upon a time", GREEDY)
+    assert engine.generate("Once upon a time", GREEDY).token_ids == expected.token_ids
+    with pytest.raises(UsageError, match="no draft head"):
+        Engine(target, SpecConfig(drafter=f"head:{tmp_path / 'missing'}")).drafter(f"head:{tmp_path / 'missing'}")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["target"]["vocab_size"] == target.info.vocab_size
+
+
+@pytest.mark.real_model
+def test_shipped_head_loads_against_its_target_and_refuses_another(builtin_model_dir):
+    from quickdraft.models.loading import load_model_dir
+
+    target = load_model_dir(builtin_model_dir("smollm2-135m-instruct"), runtime="hf", name="smollm2-135m-instruct")
+    engine = Engine(target, SpecConfig(drafter="head", k=4))
+    prompt = engine.encode("Name three primary colours.", chat=True)
+    params = SamplingParams(max_new_tokens=32)
+    result = engine.generate(prompt, params)
+    assert result.token_ids == engine.generate(prompt, params, spec=engine.with_spec(drafter="none")).token_ids
+    assert result.stats.accepted_tokens > 0
+    other = load_model_dir(builtin_model_dir("gemma-3-270m"), runtime="hf", name="gemma-3-270m")
+    with pytest.raises(UsageError, match="trained for target smollm2-135m-instruct"):
+        Engine(other, SpecConfig(drafter="head:smollm2-135m-instruct")).drafter("head:smollm2-135m-instruct")
