@@ -85,13 +85,17 @@ def choose(options: Sequence[DraftOption], target_seconds: Sequence[float]) -> C
 
     target_seconds: [k_limit + 1] t(1), t(2), ...: k is at most len(target_seconds) - 1.
     """
-    best = Choice(None, 0, 1.0, target_seconds[0])
+    best = (None, 0, 1.0, target_seconds[0])  # (drafter, k, E, T), built up without objects: this runs every step
+    best_rate = 1.0 / target_seconds[0]
     for option in options:
+        tokens, all_accepted = 1.0, 1.0
         for k in range(1, min(len(option.acceptance), len(target_seconds) - 1) + 1):
-            candidate = estimate(option, k, target_seconds)
-            if candidate.rate > best.rate:
-                best = candidate
-    return best
+            all_accepted *= option.acceptance[k - 1]
+            tokens += all_accepted
+            seconds = k * option.seconds_per_token + target_seconds[k]
+            if tokens / seconds > best_rate:
+                best, best_rate = (option.name, k, tokens, seconds), tokens / seconds
+    return Choice(*best)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Markdown tables, goal checks and a plot for `quickdraft bench-adaptive` results.
 
-`results` is {case: {"speeds": {group: {setting: tokens/s}}, "mismatches": [...], "adaptation": {...}}}
-with cases "safety" and/or "quality"; settings are "target", "k=N" and "auto".
+`results` is {case: {"speeds" | "cpu_speeds": {group: {setting: tokens/s}}, "mismatches": [...],
+"adaptation": {...}, "costs": {...}}} with cases "safety" and/or "quality"; settings are "target",
+"k=N" and "auto"; "speeds" are by wall time, "cpu_speeds" by the process's CPU time.
 """
 
 from pathlib import Path
@@ -31,40 +32,50 @@ def markdown(results: dict, command: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+CLOCKS = {"speeds": "wall time", "cpu_speeds": "CPU time"}
+
+
 def _safety_section(case: dict) -> list[str]:
-    overall = case["speeds"]["overall"]
-    target = overall[TARGET]
-    rows = [f"| {s} | {overall[s]:.2f} | {overall[s] / target:.2f}x |" for s in [TARGET, *fixed_labels(overall), AUTO]]
-    ratio = overall[AUTO] / target
-    k4 = overall.get("k=4", 0.0) / target
-    met = "met" if ratio >= SAFETY_GOAL else "NOT met"
-    return [
-        "### Safety: a random-weight draft model", "",
-        "| setting | tokens/s | vs target alone |", "|---|---|---|", *rows, "",
-        f"Goal auto >= {SAFETY_GOAL}x target alone: **{ratio:.2f}x, {met}** (fixed k=4: {k4:.2f}x).",
-        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), "",
+    wall, cpu = case["speeds"]["overall"], case["cpu_speeds"]["overall"]
+    rows = [
+        f"| {s} | {wall[s]:.2f} | {wall[s] / wall[TARGET]:.2f}x | {cpu[s] / cpu[TARGET]:.2f}x |"
+        for s in [TARGET, *fixed_labels(wall), AUTO]
     ]
+    lines = [
+        "### Safety: a random-weight draft model", "",
+        "| setting | tokens/s (wall) | vs target alone (wall) | vs target alone (CPU time) |", "|---|---|---|---|", *rows, "",
+    ]
+    for key, clock in CLOCKS.items():
+        overall = case[key]["overall"]
+        ratio, k4 = overall[AUTO] / overall[TARGET], overall.get("k=4", 0.0) / overall[TARGET]
+        met = "met" if ratio >= SAFETY_GOAL else "NOT met"
+        lines.append(f"Goal auto >= {SAFETY_GOAL}x target alone, {clock}: **{ratio:.2f}x, {met}** (fixed k=4: {k4:.2f}x).")
+    return lines + [_adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
 
 
 def _quality_section(case: dict) -> list[str]:
-    speeds = case["speeds"]
+    lines = ["### Quality: ngram on the dev prompts", ""]
+    for key, clock in CLOCKS.items():
+        lines += _quality_table(case[key], clock)
+    return lines + [_adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
+
+
+def _quality_table(speeds: dict[str, dict[str, float]], clock: str) -> list[str]:
     labels = fixed_labels(speeds["overall"])
     categories = [group for group in speeds if group != "overall"]
     header = "| category | " + " | ".join(labels) + " | auto | best fixed | auto / best |"
-    lines = ["### Quality: ngram on the dev prompts", "", "Speedup over the target alone:", "", header,
-             "|" + "---|" * (len(labels) + 4)]
+    lines = [f"Speedup over the target alone, {clock}:", "", header, "|" + "---|" * (len(labels) + 4)]
     lines += [_quality_row(group, speeds[group], labels) for group in categories + ["overall"]]
     worst = min(_best_fixed(speeds[group], labels)[1] for group in categories)
     overall = speeds["overall"]
     beaten = [s for s in labels if overall[s] >= overall[AUTO]]
-    lines += [
+    return lines + [
         "",
-        f"Goal auto >= {QUALITY_GOAL}x the best fixed k per category: worst category **{worst:.2f}x, "
-        f"{'met' if worst >= QUALITY_GOAL else 'NOT met'}**. Goal auto faster than every fixed k overall: "
+        f"Goals, {clock}: auto >= {QUALITY_GOAL}x the best fixed k per category: worst category **{worst:.2f}x, "
+        f"{'met' if worst >= QUALITY_GOAL else 'NOT met'}**; auto faster than every fixed k overall: "
         f"**{'met' if not beaten else 'NOT met (' + ', '.join(beaten) + ' at least as fast)'}**.",
-        _adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), "",
+        "",
     ]
-    return lines
 
 
 def _best_fixed(row: dict[str, float], labels: list[str]) -> tuple[str, float]:
@@ -101,22 +112,25 @@ def _exactness_line(mismatches: list[str]) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Speedup vs fixed k per case (overall), with auto as a horizontal line and 1.0 = target alone."""
+    """Speedup vs fixed k (solid) with auto as a dashed line, per case (columns) and clock (rows); 1.0 = target alone."""
     cases = [c for c in ("safety", "quality") if c in results]
-    figure, axes = plt.subplots(1, len(cases), figsize=(5.5 * len(cases), 4), squeeze=False)
-    for axis, case in zip(axes[0], cases):
-        speeds = results[case]["speeds"]
-        groups = ["overall"] if case == "safety" else [g for g in speeds if g != "overall"] + ["overall"]
-        for group in groups:
-            row = speeds[group]
-            labels = fixed_labels(row)
-            ks = [int(s[2:]) for s in labels]
-            emphasis = dict(linewidth=2.5, color="black") if group == "overall" else dict(linewidth=0.8, alpha=0.5)
-            line, = axis.plot(ks, [row[s] / row[TARGET] for s in labels], marker="o", label=group, **emphasis)
-            axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color=line.get_color(), linewidth=emphasis["linewidth"])
-        axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
-        axis.set(title=f"{case}: fixed k (solid) vs auto (dashed)", xlabel="fixed k", ylabel="speedup over target alone")
-        axis.legend(fontsize=6, ncol=2)
+    figure, axes = plt.subplots(len(CLOCKS), len(cases), figsize=(5.5 * len(cases), 4 * len(CLOCKS)), squeeze=False)
+    for row_axes, (key, clock) in zip(axes, CLOCKS.items()):
+        for axis, case in zip(row_axes, cases):
+            _plot_case(axis, results[case][key], include_categories=case == "quality")
+            axis.set(title=f"{case}, {clock}", xlabel="fixed k", ylabel="speedup over target alone")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _plot_case(axis, speeds: dict[str, dict[str, float]], include_categories: bool) -> None:
+    groups = [g for g in speeds if g != "overall"] + ["overall"] if include_categories else ["overall"]
+    for group in groups:
+        row = speeds[group]
+        labels = fixed_labels(row)
+        style = dict(linewidth=2.5, color="black") if group == "overall" else dict(linewidth=0.8, alpha=0.6)
+        (line,) = axis.plot([int(s[2:]) for s in labels], [row[s] / row[TARGET] for s in labels], marker="o", label=group, **style)
+        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color=line.get_color(), linewidth=style["linewidth"])
+    axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    axis.legend(fontsize=6, ncol=2)

@@ -33,6 +33,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft-layers", type=int, default=2, help="safety: layers of the random-weight draft model (default 2)")
     parser.add_argument("--ks", default="1,2,3,4,6,8", help="fixed k values to compare (default 1,2,3,4,6,8)")
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--out", default="bench-results/adaptive", help="output directory (default bench-results/adaptive)")
     parser.set_defaults(func=run)
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if not set(cases) <= {"safety", "quality"}:
         raise UsageError(f"--cases must name safety and/or quality, got {args.cases!r}")
     ks = [int(k) for k in args.ks.split(",")]
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     SpecConfig(k_max=args.k_max)  # validate before loading models
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raw += measurements
         results[case] = {
             "speeds": adaptive.speeds(measurements),
+            "cpu_speeds": adaptive.speeds(measurements, clock="cpu"),
             "mismatches": adaptive.mismatches(measurements),
             "adaptation": adaptive.adaptation(measurements),
             "costs": costs,
@@ -82,7 +86,7 @@ def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namesp
         prompts = adaptive.dev_prompts(Path(args.prompts), args.per_category)
         settings, max_new_tokens = adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens
     start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
-    measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, log)
+    measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
 
 
