@@ -118,7 +118,9 @@ def test_results_carry_provenance_and_costs(ngram_run):
     meta = results["meta"]
     assert meta["command_line"] and meta["versions"]["torch"] and meta["dataset"]["sha256"]
     assert "commit" in meta["git"] and meta["machine"]["cpu_count"] >= 1
+    assert isinstance(meta["runner"], str) and meta["runner"]  # the class that ran the target
     assert results["verify_cost"]["0"] == 1.0 and set(results["verify_cost"]) == {"0", "1", "2"}
+    assert results["cost_context_tokens"] == sorted(p["prompt_tokens"] for p in results["prompts"])[1]
     cost = results["summary"]["costs"]["qd:ngram k=2"]
     assert cost["k"] == 2 and cost["verify_cost"] == results["verify_cost"]["2"]
     assert sum(cost["draft_length_shares"].values()) == pytest.approx(1.0)

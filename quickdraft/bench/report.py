@@ -78,7 +78,7 @@ def _header(results: dict) -> str:
         f"load average {machine['load_average'][0]:.1f} at start, {meta['machine_at_end']['load_average'][0]:.1f} at end",
         f"- versions: python {meta['versions']['python']}, torch {meta['versions']['torch']}, transformers "
         f"{meta['versions']['transformers']}; quickdraft commit {git['commit'] or 'unknown'}{' (uncommitted changes)' if git['dirty'] else ''}; "
-        f"runtime {config['runtime']}, dtype {config['dtype']}",
+        f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), dtype {config['dtype']}",
         f"- run: {meta['started_at']} to {meta['finished_at']}",
         "",
         "Speedup = mean over prompts of tokens/s (new tokens / wall time of the whole generation, prefill "
@@ -90,6 +90,8 @@ def _header(results: dict) -> str:
 
 def _cost_section(results: dict) -> str:
     verify = results["verify_cost"]
+    context = results.get("cost_context_tokens")
+    where = f"after a {context}-token prompt, " if context else ""
     v_header = "| k | " + " | ".join(verify) + " |\n|---|" + "---:|" * len(verify)
     v_row = "| v(k) | " + " | ".join(f"{v:.2f}" for v in verify.values()) + " |"
     lines = [
@@ -105,7 +107,8 @@ def _cost_section(results: dict) -> str:
     return "\n".join([
         "## Cost model: predicted vs achieved",
         "",
-        "v(k): one target forward over k + 1 tokens relative to one over 1 token (medians, measured in this run):",
+        f"v(k): one target forward over k + 1 tokens relative to one over 1 token (medians, measured {where}once, "
+        "before the timed runs):",
         "",
         v_header, v_row,
         "",

@@ -70,15 +70,20 @@ def run_bench(config: BenchConfig) -> dict:
     encoded = [engine.encode(prompt.first_turn, chat=chat) for prompt in prompts]
     methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
     _warm_up(methods, encoded[0], config)
-    forward_seconds = measure_forward_seconds(target.runner, encoded[0], _largest_k(config.ks) + 1, config.cost_repeats)
+    cost_context = sorted(encoded, key=len)[len(encoded) // 2]  # the median-length prompt: a typical context
+    forward_seconds = measure_forward_seconds(target.runner, cost_context, _largest_k(config.ks) + 1, config.cost_repeats)
     rows = _measure_all(methods, prompts, encoded, config)
     _mark_identity(rows, config)
-    meta.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine_at_end=machine_info(), chat_template=chat)
+    meta.update(
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine_at_end=machine_info(), chat_template=chat,
+        runner=type(target.runner).__name__,
+    )
     return {
         "meta": meta,
         "config": {**asdict(config), "dataset": str(config.dataset), "model_dir": str(model_dir)},
         "prompts": [_prompt_entry(i, p, ids) for i, (p, ids) in enumerate(zip(prompts, encoded))],
         "methods": [{"name": m.name, "family": m.family, "drafter": m.drafter, "k": m.k} for m in methods],
+        "cost_context_tokens": len(cost_context),
         "forward_seconds": {str(n): s for n, s in forward_seconds.items()},
         "verify_cost": {str(k): v for k, v in relative_verify_cost(forward_seconds).items()},
         "measurements": rows,
