@@ -150,7 +150,6 @@ def test_from_results_rerenders_the_same_report_without_measuring(ngram_run, tmp
 
 
 def test_draft_model_runs_in_quickdraft_and_as_transformers_assistant(tmp_path, tiny_dirs):
-    pytest.importorskip("quickdraft.models.store")  # draft models load by name through the model store
     results = run_bench(tmp_path, tiny_dirs["llama"], f"none,{tiny_dirs['llama']}", k="2")
     names = [m["name"] for m in results["methods"]]
     assert names == [BASELINE, "qd:llama k=2", HF_BASELINE, "hf:lookup n=4", "hf:assistant llama"]
