@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--peers", default=[], type=_comma_list, help="hf: also time transformers' generate (greedy, prompt lookup, assistant)")
     parser.add_argument("--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)")
     parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="quickdraft model runner (default auto)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype of every model (default float32)")
+    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "int8"], help="dtype of the quickdraft runs (default float32: the same weights the transformers peers run; auto = native int8)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default 0)")
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md and the plots")
