@@ -61,7 +61,7 @@ def render(facts: Facts) -> str:
         "",
         "## Data",
         "",
-        f"Self-distillation: the target's own greedy answers to training prompts, with its post-norm last hidden state",
+        "Self-distillation: the target's own greedy answers to training prompts, with its post-norm last hidden state",
         f"at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences (prompt index % 20 == 0).",
         f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers (prompts rank",
