@@ -144,7 +144,7 @@ def test_rollback_then_new_tokens_equals_fresh_run(tiny, keep):
     assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep + 2:keep + 4]) <= FP32_TOL
 
 
-def test_return_hidden_is_pre_final_norm_state(tiny):
+def test_return_hidden_is_the_final_norm_state_like_transformers(tiny):
     path, model = tiny
     runner = native_runner_for(path, "float32", "cpu")
     ids = _tokens(12, seed=4)
@@ -154,8 +154,17 @@ def test_return_hidden_is_pre_final_norm_state(tiny):
     assert logits.shape == (VOCAB,) and hidden.shape == (8, 64) and hidden.dtype == torch.float32
     step_logits, step_hidden = runner.forward(ids[8:], return_hidden=True)
     assert step_hidden.shape == (4, 64)
-    normed = model.model.norm(torch.cat((hidden, step_hidden)))  # transformers reports the post-norm state
-    assert _max_diff(normed, out.hidden_states[-1][0]) <= FP32_TOL
+    assert _max_diff(torch.cat((hidden, step_hidden)), out.hidden_states[-1][0]) <= FP32_TOL  # post-norm, as transformers
+    assert _max_diff(step_logits, out.logits[0, 8:]) <= FP32_TOL
+
+
+def test_embedding_matrices_match_the_checkpoint(tiny):
+    path, model = tiny
+    embeddings, output = native_runner_for(path, "float32", "cpu").embedding_matrices()
+    assert torch.equal(embeddings, model.get_input_embeddings().weight)
+    assert torch.equal(output, model.get_output_embeddings().weight)
+    _, int8_output = native_runner_for(path, "int8", "cpu").embedding_matrices()
+    assert _max_diff(int8_output, output) <= 2 * output.abs().max().item() / 127  # int8 rounding plus bf16 weights and scales
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])

@@ -47,7 +47,7 @@ class NativeRunner:
         hidden_chunks = []
         for begin in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = token_ids[begin:begin + PREFILL_CHUNK]
-            logits, hidden = self._run(chunk, last_only=True)
+            logits, hidden = self._run(chunk, last_only=True, return_hidden=return_hidden)
             if return_hidden:
                 hidden_chunks.append(hidden.float())
         return (logits[0], torch.cat(hidden_chunks)) if return_hidden else logits[0]
@@ -56,15 +56,19 @@ class NativeRunner:
         """Append tokens at positions cache_length..; logits [n, vocab] float32 (and hidden [n, d])."""
         if not token_ids:
             raise UsageError("forward needs at least one token")
-        logits, hidden = self._run(token_ids, last_only=False)
+        logits, hidden = self._run(token_ids, last_only=False, return_hidden=return_hidden)
         return (logits, hidden.float()) if return_hidden else logits
+
+    def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token embeddings [vocab, d], output layer [vocab, d]) as stored (embedding scale not applied)."""
+        return self._weights.embedding, self._weights.lm_head.dense()
 
     def rollback(self, length: int) -> None:
         self._cache.rollback(length)
 
     @torch.inference_mode()
-    def _run(self, token_ids: Sequence[int], last_only: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [n or 1, vocab] float32 and pre-final-norm hidden states [n, d] in the compute dtype."""
+    def _run(self, token_ids: Sequence[int], last_only: bool, return_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [n or 1, vocab] float32 and, when asked, the final-norm hidden states [n, d] the output layer reads."""
         n, start = len(token_ids), self._cache.length
         if self._cache.reserve(n):
             self._rope = self._rope_tables()
@@ -74,7 +78,8 @@ class NativeRunner:
         for i, layer in enumerate(self._weights.layers):
             x = self._layer(i, layer, x, start, windows[self.spec.layer_windows[i]], rope[self.spec.layer_rope[i]])
         self._cache.length = start + n
-        return self._logits(x[-1:] if last_only else x), x
+        normed = rms_norm(x[-1:] if last_only and not return_hidden else x, self._weights.final_norm, self.spec.rms_norm_eps)  # [n or 1, d]
+        return self._logits(normed[-1:] if last_only else normed), normed if return_hidden else None
 
     def _layer(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, window: AttentionWindow,
                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -101,10 +106,9 @@ class NativeRunner:
         x = torch.nn.functional.embedding(ids, self._weights.embedding)  # [n, d]
         return x if self._embedding_scale is None else x * self._embedding_scale
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and output layer over x [m, d] -> [m, vocab] float32."""
-        h = rms_norm(x, self._weights.final_norm, self.spec.rms_norm_eps)
-        logits = self._weights.lm_head(h).float()
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Output layer over final-norm states [m, d] -> [m, vocab] float32."""
+        logits = self._weights.lm_head(normed).float()
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -29,6 +29,10 @@ class Linear:
         if int8:
             self.weight, self.scales = _quantize_rows(weight)
 
+    def dense(self) -> torch.Tensor:
+        """The weight [out, in] as a float tensor (de-quantized when int8)."""
+        return self.weight if self.scales is None else self.weight.float() * self.scales.float()[:, None]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
         if self.scales is None:
             return F.linear(x, self.weight, self.bias)
