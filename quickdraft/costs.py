@@ -102,16 +102,35 @@ def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
     return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
 
 
-def calibrate_drafter(drafter: Drafter, vocab_size: int, tokens: int = 3, behind: int = 16) -> DraftCost:
-    """Time greedy proposals on a dummy context: one `behind` tokens after the last, then `tokens`-token ones."""
-    context = _dummy_context(vocab_size)
+def calibrate_drafter(drafter: Drafter, target: ModelRunner, tokens: int = 3, behind: int = 16) -> DraftCost:
+    """Time greedy proposals on a dummy context: one `behind` tokens after the last, then `tokens`-token ones.
+
+    A drafter that reads the target's hidden states is given the target's real states of the
+    dummy context (one prefill of the target), as the engine would give them.
+    """
+    context = _dummy_context(target.info.vocab_size)
+    states = _target_states(drafter, target, context)  # [len(context) - 1, d] or None
     drafter.begin(context, SamplingParams(), torch.Generator())
+    _observe(drafter, states, 0, len(context) - behind - 1)
     drafter.propose(context[:-behind], 1)  # warm-up, and the cache now lags the context by `behind` tokens
+    _observe(drafter, states, len(context) - behind - 1, len(context) - 1)
     started = time.perf_counter()
     drafter.propose(context, 1)
     catch_up_seconds = time.perf_counter() - started
     per_token = max(_median_seconds(lambda: drafter.propose(context, tokens)), 1e-9) / tokens
     return DraftCost(per_token, max(catch_up_seconds - per_token, 0.0) / behind)
+
+
+def _target_states(drafter: Drafter, target: ModelRunner, context: list[int]) -> torch.Tensor | None:
+    if not getattr(drafter, "needs_target_hidden", False):
+        return None
+    _, hidden = target.prefill(context[:-1], return_hidden=True)  # [len(context) - 1, d]
+    return hidden
+
+
+def _observe(drafter: Drafter, states: torch.Tensor | None, begin: int, end: int) -> None:
+    if states is not None:
+        drafter.observe_target(states[begin:end])
 
 
 def _dummy_context(vocab_size: int) -> list[int]:

@@ -69,6 +69,18 @@ def test_greedy_output_identical_with_head_drafter(tiny_models, arch, k):
         assert result.stats.draft_tokens > 0
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_adaptive_controller_with_head_and_ngram_keeps_greedy_output(tiny_models, arch):
+    """k=auto calibrates the head on real target states and feeds it states on every step, drafting or not."""
+    target = tiny_models[arch]
+    head = random_head(target, torch.arange(0, target.info.vocab_size))
+    engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"))
+    engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test"))
+    baseline = Engine(target, SpecConfig(drafter="none"))
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, GREEDY).token_ids == baseline.generate(prompt, GREEDY).token_ids, prompt
+
+
 def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models):
     target = tiny_models["llama"]
     vocab_ids = torch.arange(10, 200)
