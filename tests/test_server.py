@@ -6,11 +6,9 @@ disconnects, a burst beyond the queue, a bounded load test and a SIGTERM shutdow
 """
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
@@ -376,23 +374,18 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
         httpx.get(f"{server.base_url}/health", timeout=2)
 
 
-def smollm2_dir() -> Path:
-    cache = Path(os.environ.get("QUICKDRAFT_CACHE") or "~/.cache/quickdraft").expanduser()
-    return cache / "models" / "smollm2-135m-instruct"
-
-
 @pytest.mark.real_model
-@pytest.mark.skipif(not (smollm2_dir() / "config.json").exists(), reason="smollm2-135m-instruct is not converted yet")
-def test_real_model_stream_is_identical_to_the_engine(tmp_path):
+def test_real_model_stream_is_identical_to_the_engine(tmp_path, builtin_model_dir):
+    model_dir = builtin_model_dir("smollm2-135m-instruct")
     messages = [{"role": "user", "content": "Rewrite in the past tense: The cat sits on the mat and looks at the bird."}]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the server's thread count, so both sides run the same kernels
     try:
-        target = load_model_dir(smollm2_dir(), runtime="hf")
+        target = load_model_dir(model_dir, runtime="hf")
         expected = Engine(target, SpecConfig(drafter="ngram", k=4)).generate(messages, SamplingParams(max_new_tokens=48), chat=True)
     finally:
         torch.set_num_threads(threads)
-    server = start_server(smollm2_dir(), tmp_path / "server.log", "--runtime", "hf", "--threads", "1", "--served-model-name", "smollm2")
+    server = start_server(model_dir, tmp_path / "server.log", "--runtime", "hf", "--k", "4", "--threads", "1", "--served-model-name", "smollm2")
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
         chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0, stream=True))
