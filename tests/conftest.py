@@ -11,6 +11,7 @@ from quickdraft.models.store import local_model_dir
 from tests.tiny_models import gemma3_config, llama_config, save_tiny_model
 
 TINY_VOCAB = 320
+LONG_CONTEXT = 4096
 
 # The machine's two cores; a shared development machine may ask for fewer to avoid oversubscription.
 torch.set_num_threads(int(os.environ.get("QUICKDRAFT_TEST_THREADS", "2")))
@@ -18,10 +19,12 @@ torch.set_num_threads(int(os.environ.get("QUICKDRAFT_TEST_THREADS", "2")))
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """Saved tiny models: two Llama targets with different seeds and a Gemma 3 with a short sliding window."""
+    """Saved tiny models: two Llama targets with different seeds, the first again with a long context (so a server
+    request can run for seconds), and a Gemma 3 with a short sliding window."""
     root = tmp_path_factory.mktemp("tiny")
     return {
         "llama": save_tiny_model(root / "llama", llama_config(TINY_VOCAB), seed=0),
+        "llama-long": save_tiny_model(root / "llama-long", llama_config(TINY_VOCAB, max_position_embeddings=LONG_CONTEXT), seed=0),
         "llama-other": save_tiny_model(root / "llama-other", llama_config(TINY_VOCAB, num_hidden_layers=1), seed=1),
         "gemma3": save_tiny_model(root / "gemma3", gemma3_config(TINY_VOCAB), seed=2),
     }

@@ -19,6 +19,7 @@ from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
 from quickdraft.server import bench_client
+from tests.conftest import LONG_CONTEXT
 from tests.server_process import ServerProcess, start_server
 
 API_KEY = "test-key-123"
@@ -31,7 +32,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def server(tiny_dirs, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     process = start_server(
-        tiny_dirs["llama"], log, "--runtime", "hf", "--threads", "1", "--drafter", "ngram", "--k", "4",
+        tiny_dirs["llama-long"], log, "--runtime", "hf", "--threads", "1", "--drafter", "ngram", "--k", "4",
         "--served-model-name", "tiny", "--max-queue", str(MAX_QUEUE), "--max-body-bytes", str(MAX_BODY), api_key=API_KEY,
     )
     yield process
@@ -45,7 +46,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    return Engine(tiny_models["llama"], SpecConfig(drafter="ngram", k=4))
+    return Engine(tiny_models["llama-long"], SpecConfig(drafter="ngram", k=4))
 
 
 def test_prints_where_it_listens_and_lists_the_model(server, client):
@@ -182,8 +183,8 @@ INVALID = [
     ("max-tokens-float", "POST", TEXT, text(max_tokens=10.5), KEY, 400, "max_tokens", None),
     ("max-tokens-huge", "POST", CHAT, chat(max_tokens=10**12), KEY, 400, "max_tokens", "context_length_exceeded"),
     ("max-completion-tokens-negative", "POST", CHAT, chat(max_completion_tokens=-1), KEY, 400, "max_completion_tokens", None),
-    ("prompt-too-long", "POST", TEXT, text(prompt="fox " * 400), KEY, 400, "prompt", "context_length_exceeded"),
-    ("prompt-fills-context", "POST", CHAT, chat(messages=[{"role": "user", "content": "fox " * 400}], max_tokens=None), KEY, 400, "messages", "context_length_exceeded"),
+    ("prompt-too-long", "POST", TEXT, text(prompt="fox " * (LONG_CONTEXT + 100)), KEY, 400, "prompt", "context_length_exceeded"),
+    ("prompt-fills-context", "POST", CHAT, chat(messages=[{"role": "user", "content": "fox " * (LONG_CONTEXT + 100)}], max_tokens=None), KEY, 400, "messages", "context_length_exceeded"),
     ("n-two", "POST", CHAT, chat(n=2), KEY, 400, "n", None),
     ("stop-number", "POST", CHAT, chat(stop=5), KEY, 400, "stop", None),
     ("stop-too-many", "POST", TEXT, text(stop=["a", "b", "c", "d", "e"]), KEY, 400, "stop", None),
@@ -255,8 +256,8 @@ def test_server_stays_healthy_after_bad_requests(server, client):
 
 
 def long_request(**fields) -> dict:
-    """A request that runs for a while: the whole context, EOS ignored, no drafting."""
-    return text(**{"prompt": "The quick brown fox", "max_tokens": 200, "ignore_eos": True, "temperature": 0, "quickdraft": {"drafter": "none"}, **fields})
+    """A request that runs for seconds: almost the whole long context, EOS ignored, no drafting."""
+    return text(**{"prompt": "The quick brown fox", "max_tokens": LONG_CONTEXT - 100, "ignore_eos": True, "temperature": 0, "quickdraft": {"drafter": "none"}, **fields})
 
 
 def wait_for_idle(server: ServerProcess, timeout: float = 20) -> dict[str, float]:
@@ -355,11 +356,11 @@ def test_bench_client_load_test_passes_on_the_server(server, capsys):
 
 
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
-    server = start_server(tiny_dirs["llama"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1")
+    server = start_server(tiny_dirs["llama-long"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1")
     lines: list[str] = []
 
     def stream_one() -> None:
-        with httpx.stream("POST", f"{server.base_url}{TEXT}", json=long_request(model=str(tiny_dirs["llama"]), stream=True), timeout=60) as response:
+        with httpx.stream("POST", f"{server.base_url}{TEXT}", json=long_request(model=str(tiny_dirs["llama-long"]), stream=True), timeout=60) as response:
             lines.extend(line for line in response.iter_lines() if line)
 
     reader = threading.Thread(target=stream_one)
