@@ -139,11 +139,28 @@ class FixedController:
 
 @dataclass
 class ControllerMemory:
-    """What an engine has measured, shared by its requests: costs, and acceptance carried to the next request."""
+    """What an engine has measured, shared by its requests: costs, and acceptance carried to the next request.
+
+    Model drafters' costs are kept relative to the target's current scale: a load change that
+    slows the target slows the draft model alike, even while the draft model is not being used.
+    """
 
     target: TargetCost
-    draft_costs: dict[str, DraftCost] = field(default_factory=dict)  # model drafters, by name
+    draft_costs: dict[str, DraftCost] = field(default_factory=dict)  # model drafters, by name; at target scale 1
     acceptance: dict[tuple[str, str], tuple[float, ...]] = field(default_factory=dict)  # by (drafter, source)
+
+    def add_draft_cost(self, drafter: str, measured: DraftCost) -> None:
+        """A drafter's costs measured now, in seconds."""
+        scale = self.target.scale
+        self.draft_costs[drafter] = DraftCost(measured.seconds_per_token / scale, measured.seconds_per_catch_up_token / scale)
+
+    def draft_seconds(self, drafter: str, tokens: int, behind: int = 0) -> float:
+        """Seconds to draft `tokens` tokens, `behind` tokens after the drafter's last proposal."""
+        cost = self.draft_costs[drafter]
+        return self.target.scale * (tokens * cost.seconds_per_token + behind * cost.seconds_per_catch_up_token)
+
+    def observe_draft(self, drafter: str, tokens: int, behind: int, seconds: float) -> None:
+        self.draft_costs[drafter].observe(tokens, behind, seconds / self.target.scale)
 
 
 class AdaptiveController:
@@ -176,7 +193,7 @@ class AdaptiveController:
             self._estimate(name, proposal.source).observe(outcomes(proposal.token_ids, produced))
         if plan.drafter in self._credit and len(draft):
             self._estimate(plan.drafter, draft.source).observe(outcomes(draft.token_ids, produced))
-            self._memory.draft_costs[plan.drafter].observe(len(draft), self._behind(plan.drafter), draft_seconds)
+            self._memory.observe_draft(plan.drafter, len(draft), self._behind(plan.drafter), draft_seconds)
             self._fed[plan.drafter] = self._context_length + len(produced) - 1  # its cache holds the accepted draft
         for name in self._credit:
             self._credit[name] = 0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
@@ -198,7 +215,7 @@ class AdaptiveController:
     def _option(self, name: str, lookups: Mapping[str, Draft], limit: int) -> DraftOption:
         proposal = lookups.get(name)
         if proposal is None:
-            cost = self._memory.draft_costs[name].seconds_per_token
+            cost = self._memory.draft_seconds(name, 1)
             return DraftOption(name, tuple(self._estimate(name, "").means()[:limit]), cost)
         return DraftOption(name, tuple(self._estimate(name, proposal.source).means()[: len(proposal)]), 0.0)
 
@@ -207,7 +224,7 @@ class AdaptiveController:
         for option in options:
             if option.name in self._credit and option.name != choice.drafter:
                 probe = estimate(option, 1, target_seconds)
-                catch_up = self._behind(option.name) * self._memory.draft_costs[option.name].seconds_per_catch_up_token
+                catch_up = self._memory.draft_seconds(option.name, 0, self._behind(option.name))
                 loss = choice.rate * (probe.seconds + catch_up) - probe.tokens  # tokens the best choice would add
                 if self._credit[option.name] >= loss:
                     self._credit[option.name] -= loss

@@ -48,6 +48,11 @@ class TargetCost:
     def max_tokens(self) -> int:
         return len(self._shape)
 
+    @property
+    def scale(self) -> float:
+        """How much slower than at calibration the target runs now (every size alike)."""
+        return self._scale
+
     def seconds(self, tokens: int) -> float:
         """t(tokens). Not forced to grow with `tokens`: kernels differ by size, and a size that is
         measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing."""

@@ -108,7 +108,7 @@ class Engine:
             self._memory = ControllerMemory(calibrate_target(self.target.runner, spec.k_max + 1))
         for name, drafter in self._candidates(spec).items():
             if not is_lookup(drafter) and name not in self._memory.draft_costs:
-                self._memory.draft_costs[name] = calibrate_drafter(drafter, self.target.runner)
+                self._memory.add_draft_cost(name, calibrate_drafter(drafter, self.target.runner))
         return self._memory
 
     def encode(self, prompt: str | Messages, chat: bool = False) -> list[int]:

@@ -93,7 +93,7 @@ def settings(drafter: str, ks: list[int], k_max: int) -> list[Setting]:
 
 def random_draft_dir(target_dir: Path, out_dir: Path, layers: int, seed: int = 0) -> Path:
     """A random-weight model with the target's config cut to `layers` layers, and the target's tokenizer."""
-    directory = Path(out_dir) / f"random-draft-{layers}-layers"
+    directory = Path(out_dir) / f"{Path(target_dir).name}-random-{layers}-layers-seed-{seed}"
     if (directory / "config.json").exists():
         return directory
     config = AutoConfig.from_pretrained(target_dir)
@@ -197,7 +197,7 @@ def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
     return {
         "t1_ms": 1000 * t1,
         "v": [memory.target.seconds(n) / t1 for n in range(1, memory.target.max_tokens + 1)],
-        "draft_per_token_vs_t1": {name: cost.seconds_per_token / t1 for name, cost in memory.draft_costs.items()},
+        "draft_per_token_vs_t1": {name: memory.draft_seconds(name, 1) / t1 for name in memory.draft_costs},
     }
 
 

@@ -15,6 +15,7 @@ from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model_dir
 
 RANDOM_DRAFT = "random-draft"
+RANDOM_DRAFT_CACHE = Path.home() / ".cache" / "quickdraft" / "bench"  # built once, reused by later runs
 
 
 def register(subparsers) -> None:
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", default="bench-results/adaptive", help="output directory (default bench-results/adaptive)")
+    parser.add_argument("--out", required=True, type=Path, help="directory for adaptive.json, adaptive.md, the raw measurements and the plot")
     parser.set_defaults(func=run)
 
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(load_model_dir(target_dir, runtime="hf", name=args.model))
     results, raw = {}, []
     for case in cases:
-        measurements, costs = _run_case(case, engine, target_dir, args, ks, out)
+        measurements, costs = _run_case(case, engine, target_dir, args, ks)
         raw += measurements
         results[case] = {
             "speeds": adaptive.speeds(measurements),
@@ -73,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int], out: Path) -> tuple[list, dict]:
+def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int]) -> tuple[list, dict]:
     """The case's measurements, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
-        draft_dir = adaptive.random_draft_dir(target_dir, out / "models", args.draft_layers)
+        draft_dir = adaptive.random_draft_dir(target_dir, RANDOM_DRAFT_CACHE, args.draft_layers)
         adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT)
         firsts = adaptive.dev_prompts(Path(args.prompts), per_category=1)
         prompts = firsts[:: max(1, len(firsts) // args.safety_prompts)][: args.safety_prompts]
