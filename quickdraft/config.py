@@ -6,7 +6,7 @@
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from quickdraft.errors import UsageError
 
@@ -14,6 +14,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 Runtime = Literal["auto", "native", "hf"]
 DType = Literal["auto", "float32", "bfloat16", "int8"]
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
+DTYPES: tuple[str, ...] = get_args(DType)
 
 
 def _require(condition: bool, message: str) -> None:

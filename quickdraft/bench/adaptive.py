@@ -28,22 +28,16 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.bench.dataset import Prompt
+from quickdraft.config import DType, Runtime, SamplingParams, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import Engine
-from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model_dir
 
 TARGET = "target"
 AUTO = "auto"
 WARMUP_TOKENS = 4
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    category: str
-    text: str  # the first user turn, sent through the chat template
 
 
 @dataclass(frozen=True)
@@ -69,22 +63,6 @@ class Measurement:
     drafter_steps: dict[str, int]
 
 
-def dev_prompts(path: Path, per_category: int) -> list[BenchPrompt]:
-    """The first `per_category` prompts of every category of a Spec-Bench style JSONL file, in file order."""
-    try:
-        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read prompts from {path}: {exc}; pass a JSONL file with category and turns") from exc
-    taken: dict[str, int] = {}
-    prompts = []
-    for record in records:
-        category = record["category"]
-        if taken.get(category, 0) < per_category:
-            taken[category] = taken.get(category, 0) + 1
-            prompts.append(BenchPrompt(category, record["turns"][0]))
-    return prompts
-
-
 def settings(drafter: str, ks: list[int], k_max: int) -> list[Setting]:
     """Target alone, each fixed k, and auto, all with `drafter`."""
     fixed = [Setting(f"k={k}", SpecConfig(drafter=drafter, k=k)) for k in ks]
@@ -108,16 +86,17 @@ def random_draft_dir(target_dir: Path, out_dir: Path, layers: int, seed: int = 0
     return directory
 
 
-def add_random_draft(engine: Engine, draft_dir: Path, name: str) -> None:
-    draft: LoadedModel = load_model_dir(draft_dir, runtime="hf", name=name)
+def add_random_draft(engine: Engine, draft_dir: Path, name: str, runtime: Runtime, dtype: DType) -> None:
+    draft: LoadedModel = load_model_dir(draft_dir, runtime=runtime, dtype=dtype, name=name)
     engine.add_drafter(name, DraftModelDrafter(draft.runner, engine.target.info.vocab_size, name))
 
 
 def run_case(
-    engine: Engine, case: str, prompts: list[BenchPrompt], settings_: list[Setting], max_new_tokens: int, repeats: int = 1, log=print
+    engine: Engine, case: str, prompts: list[Prompt], settings_: list[Setting], max_new_tokens: int, repeats: int = 1, log=print
 ) -> list[Measurement]:
     """Every prompt with every setting, `repeats` rounds, the order rotating by one setting per prompt and round."""
-    prompt_ids = [engine.encode(p.text, chat=True) for p in prompts]
+    chat = bool(engine.target.tokenizer.chat_template)  # a base model without a template sees plain text
+    prompt_ids = [engine.encode(p.first_turn, chat=chat) for p in prompts]
     _warm_up(engine, prompt_ids[0], settings_)
     measurements = []
     for round_ in range(repeats):
@@ -131,7 +110,7 @@ def run_case(
     return measurements
 
 
-def _measure(engine: Engine, case: str, prompt: BenchPrompt, index: int, round_: int, setting: Setting, ids: list[int], max_new_tokens: int) -> Measurement:
+def _measure(engine: Engine, case: str, prompt: Prompt, index: int, round_: int, setting: Setting, ids: list[int], max_new_tokens: int) -> Measurement:
     cpu_started = time.process_time()
     result = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens), spec=setting.spec)
     cpu_seconds = time.process_time() - cpu_started

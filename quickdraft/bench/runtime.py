@@ -7,6 +7,11 @@ alike), it measures
   `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context;
 for the transformers float32 baseline (plain forward, DynamicCache, crop to roll back), native
 float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
+
+With dev prompts it also answers "is speculative decoding with the n-gram drafter faster than
+before the native runtime?": the engine with `ngram` and k auto generates greedily from the same
+prompts on each runner, runner order rotating per prompt; tokens/s is the mean over prompts of new
+tokens / wall time (prefill included), median over repeats.
 """
 
 import json
@@ -18,10 +23,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from quickdraft.errors import UsageError
+from quickdraft.bench.dataset import Prompt
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.engine import Engine
+from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
+from quickdraft.models.store import local_model_dir
 
-MODEL_CACHE = Path("~/.cache/quickdraft/models").expanduser()
 DECODE_PROMPT = 16  # prompt tokens before the decode run
 DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
 VERIFY_CONTEXT = 512  # cached tokens under each v(k) forward
@@ -65,15 +73,6 @@ class RuntimeResult:
     verify_cost: dict[int, float]  # k -> v(k)
 
 
-def model_dir(name: str) -> Path:
-    """A built-in model's converted directory, or a path to an HF directory."""
-    path = Path(name).expanduser()
-    path = path if path.is_dir() else MODEL_CACHE / name
-    if not (path / "config.json").exists():
-        raise UsageError(f"no converted model at {path}; fetch it first or pass an HF directory")
-    return path
-
-
 def _decode_seconds(runner, prompt: Sequence[int]) -> float:
     token = int(runner.prefill(prompt).argmax())
     begin = time.perf_counter()
@@ -115,6 +114,52 @@ def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[
     return {name: _summarise(runs) for name, runs in samples.items()}
 
 
+@dataclass(frozen=True)
+class NgramResult:
+    """Speculative decoding with the n-gram drafter (k auto) on dev prompts, per runner."""
+
+    prompts: int
+    max_new_tokens: int
+    tokens_per_second: dict[str, float]  # runner label -> median over repeats of the mean over prompts
+    identical_to_hf: float  # share of native float32 outputs equal token for token to the transformers runner's
+
+
+def ngram_runners(native_dtypes: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Runner label -> (runtime, dtype): the transformers baseline first, then each native dtype."""
+    return {"hf float32": ("hf", "float32"), **{f"native {d}": ("native", d) for d in native_dtypes}}
+
+
+def bench_ngram(path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tokens: int, native_dtypes: Sequence[str]) -> NgramResult:
+    """Greedy speculative generation with `ngram`, k auto, on each runner; runner order rotates per prompt."""
+    engines = {label: Engine(load_model_dir(path, runtime=runtime, dtype=dtype), SpecConfig(drafter="ngram", k="auto"))
+               for label, (runtime, dtype) in ngram_runners(native_dtypes).items()}
+    first = next(iter(engines.values()))
+    chat = bool(first.target.tokenizer.chat_template)
+    encoded = [first.encode(prompt.first_turn, chat=chat) for prompt in prompts]
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
+    for engine in engines.values():
+        engine.generate(encoded[0], SamplingParams(temperature=0, max_new_tokens=8))  # calibrates the controller
+    labels = list(engines)
+    rates: dict[str, list[float]] = {label: [] for label in labels}
+    same, compared = 0, 0
+    for _ in range(repeats):
+        per_prompt: dict[str, list[float]] = {label: [] for label in labels}
+        for index, prompt_ids in enumerate(encoded):
+            outputs = {}
+            for label in labels[index % len(labels):] + labels[: index % len(labels)]:
+                begin = time.perf_counter()
+                result = engines[label].generate(prompt_ids, params)
+                per_prompt[label].append(len(result.token_ids) / (time.perf_counter() - begin))
+                outputs[label] = result.token_ids
+            if "native float32" in outputs:
+                same += outputs["native float32"] == outputs["hf float32"]
+                compared += 1
+        for label in labels:
+            rates[label].append(statistics.fmean(per_prompt[label]))
+    return NgramResult(len(encoded), max_new_tokens, {label: statistics.median(r) for label, r in rates.items()},
+                       same / compared if compared else float("nan"))
+
+
 def _summarise(runs: list[tuple[float, dict[int, float]]]) -> RuntimeResult:
     tokens_per_second = statistics.median(DECODE_STEPS / decode for decode, _ in runs)
     one = statistics.median(forward[1] for _, forward in runs)
@@ -122,10 +167,10 @@ def _summarise(runs: list[tuple[float, dict[int, float]]]) -> RuntimeResult:
     return RuntimeResult(tokens_per_second, verify)
 
 
-def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype: str) -> dict:
+def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype: str, ngram: NgramResult | None = None) -> dict:
     """The --json object of one model."""
     native = {name.removeprefix("native_"): r for name, r in results.items() if name != "hf"}
-    return {
+    summary = {
         "model": model,
         "threads": torch.get_num_threads(),
         "default_dtype": default_dtype,
@@ -137,6 +182,12 @@ def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype:
         "native_by_dtype": {d: {"tokens_per_second": r.tokens_per_second, "verify_cost": r.verify_cost}
                             for d, r in native.items()},
     }
+    if ngram is not None:
+        summary["ngram_dev"] = {
+            "prompts": ngram.prompts, "max_new_tokens": ngram.max_new_tokens,
+            "tokens_per_second": ngram.tokens_per_second, "identical_to_hf": ngram.identical_to_hf,
+        }
+    return summary
 
 
 def format_table(summary: dict) -> str:
@@ -150,17 +201,26 @@ def format_table(summary: dict) -> str:
         curve = " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
         lines.append(f"  {label:<18}{tps:>8.1f}{tps / hf:>7.2f}x   {curve}")
     lines.append(f"  default native dtype: {summary['default_dtype']}")
+    if "ngram_dev" in summary:
+        ngram = summary["ngram_dev"]
+        speeds = ngram["tokens_per_second"]
+        lines.append(f"  ngram, k auto, {ngram['prompts']} dev prompts x {ngram['max_new_tokens']} new tokens "
+                     f"(native float32 identical to hf on {100 * ngram['identical_to_hf']:.0f}%)")
+        lines += [f"  {label:<18}{tps:>8.1f}{tps / speeds['hf float32']:>7.2f}x" for label, tps in speeds.items()]
     return "\n".join(lines)
 
 
-def run_runtime_bench(models: Sequence[str], repeats: int = 5, json_out: bool = False,
-                      native_dtypes: Sequence[str] = ()) -> list[dict]:
-    """Benchmark each model; print a table (or one JSON object per line) and return the summaries."""
+def run_runtime_bench(models: Sequence[str], repeats: int = 5, json_out: bool = False, native_dtypes: Sequence[str] = (),
+                      dev_prompts: Sequence[Prompt] = (), max_new_tokens: int = 64) -> list[dict]:
+    """Benchmark each model (and n-gram speculation on `dev_prompts` when given); print a table (or one
+    JSON object per line) and return the summaries."""
     dtypes = list(dict.fromkeys(["float32", DEFAULT_NATIVE_DTYPE, *native_dtypes]))
     summaries = []
     for model in models:
-        results = bench_model(model_dir(model), repeats, dtypes)
-        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE)
+        path = local_model_dir(model, progress=False)
+        results = bench_model(path, repeats, dtypes)
+        ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
+        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE, ngram)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
     return summaries

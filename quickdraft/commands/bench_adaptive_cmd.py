@@ -9,13 +9,14 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench import adaptive, adaptive_report
-from quickdraft.config import DEFAULT_MODEL, SpecConfig
+from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
+from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES, SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model_dir
+from quickdraft.models.store import cache_dir, local_model_dir
 
 RANDOM_DRAFT = "random-draft"
-RANDOM_DRAFT_CACHE = Path.home() / ".cache" / "quickdraft" / "bench"  # built once, reused by later runs
 
 
 def register(subparsers) -> None:
@@ -36,6 +37,8 @@ def register(subparsers) -> None:
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="auto", help="runner of the target and the random draft (default auto)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default auto: the runtime's default)")
     parser.add_argument("--out", required=True, type=Path, help="directory for adaptive.json, adaptive.md, the raw measurements and the plot")
     parser.set_defaults(func=run)
 
@@ -50,13 +53,14 @@ def run(args: argparse.Namespace) -> int:
     SpecConfig(k_max=args.k_max)  # validate before loading models
     if args.threads:
         torch.set_num_threads(args.threads)
+    prompts = load_prompts(args.prompts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target_dir = _model_dir(args.model)
-    engine = Engine(load_model_dir(target_dir, runtime="hf", name=args.model))
+    target_dir = local_model_dir(args.model)
+    engine = Engine(load_model_dir(target_dir, runtime=args.runtime, dtype=args.dtype, name=args.model))
     results, raw = {}, []
     for case in cases:
-        measurements, costs = _run_case(case, engine, target_dir, args, ks)
+        measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks)
         raw += measurements
         results[case] = {
             "speeds": adaptive.speeds(measurements),
@@ -74,28 +78,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, engine: Engine, target_dir: Path, args: argparse.Namespace, ks: list[int]) -> tuple[list, dict]:
+def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt], args: argparse.Namespace, ks: list[int]) -> tuple[list, dict]:
     """The case's measurements, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
-        draft_dir = adaptive.random_draft_dir(target_dir, RANDOM_DRAFT_CACHE, args.draft_layers)
-        adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT)
-        firsts = adaptive.dev_prompts(Path(args.prompts), per_category=1)
+        draft_dir = adaptive.random_draft_dir(target_dir, cache_dir() / "bench", args.draft_layers)  # built once
+        adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT, args.runtime, args.dtype)
+        firsts = select_prompts(dataset, limit=1)
         prompts = firsts[:: max(1, len(firsts) // args.safety_prompts)][: args.safety_prompts]
         settings, max_new_tokens = adaptive.settings(RANDOM_DRAFT, ks, args.k_max), args.safety_max_new_tokens
     else:
-        prompts = adaptive.dev_prompts(Path(args.prompts), args.per_category)
+        prompts = select_prompts(dataset, limit=args.per_category)
         settings, max_new_tokens = adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens
     start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
     measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
 
-
-def _model_dir(name_or_path: str) -> Path:
-    """A local HF directory as is; a built-in name through the model store."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    from quickdraft.models.store import local_model_dir
-
-    return local_model_dir(name_or_path)

@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from quickdraft.config import DEFAULT_MODEL, SamplingParams, SpecConfig
+from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES, SamplingParams, SpecConfig
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.stats import GenerationStats
@@ -37,8 +37,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head (default ngram)")
     parser.add_argument("--k", type=parse_k, default="auto", help="draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) or a fixed N (default auto)")
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
-    parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"], help="weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), float32 on hf")
+    parser.add_argument("--runtime", default="auto", choices=RUNTIMES, help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), float32 on hf")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
