@@ -21,6 +21,7 @@ def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_pat
     assert summary["native_tokens_per_second"] == summary["native_by_dtype"][summary["default_dtype"]]["tokens_per_second"]
     assert [int(k) for k in summary["verify_cost"]] == list(VERIFY_KS)
     assert all(v > 0 for v in summary["verify_cost"].values())
+    assert all(r["matmul_ceiling_tokens_per_second"] > 0 for r in summary["native_by_dtype"].values())
     ngram = summary["ngram_dev"]
     assert ngram["prompts"] == 2 and ngram["max_new_tokens"] == 12  # two categories, one prompt each
     assert set(ngram["tokens_per_second"]) == {"hf float32", "native float32", f"native {summary['default_dtype']}"}

@@ -7,6 +7,8 @@ alike), it measures
   `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context;
 for the transformers float32 baseline (plain forward, DynamicCache, crop to roll back), native
 float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
+For each native dtype it also times the model's matrix products alone, once each on one row, as a
+native decode step would: the ceiling on tokens/s that removing all other work could reach.
 
 With dev prompts it also answers "is speculative decoding with the n-gram drafter faster than
 before the native runtime?": the engine with `ngram` and k auto generates greedily from the same
@@ -71,6 +73,7 @@ class RuntimeResult:
 
     tokens_per_second: float  # greedy decode
     verify_cost: dict[int, float]  # k -> v(k)
+    matmul_ceiling: float | None  # tokens/s of a step doing only its matrix products (native runners)
 
 
 def _decode_seconds(runner, prompt: Sequence[int]) -> float:
@@ -92,13 +95,25 @@ def _forward_seconds(runner, context: int, tokens: Sequence[int]) -> float:
     return statistics.median(times)
 
 
-def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float]]:
-    """Decode seconds and forward seconds per new-token count 1..9 for one repeat."""
+@torch.inference_mode()
+def _matmul_seconds(runner) -> float:
+    """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
+    inputs = [torch.randn(1, linear.weight.shape[1]).to(runner.dtype) for linear in runner.linear_layers()]
+    begin = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        for linear, x in zip(runner.linear_layers(), inputs):
+            linear(x)
+    return time.perf_counter() - begin
+
+
+def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], float | None]:
+    """Decode seconds, forward seconds per new-token count 1..9, and matmul-only seconds for one repeat."""
     decode = _decode_seconds(runner, tokens[:DECODE_PROMPT])
     runner.prefill(tokens[:VERIFY_CONTEXT])
     forward = {n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT:VERIFY_CONTEXT + n])
                for n in (1, *[k + 1 for k in VERIFY_KS])}
-    return decode, forward
+    matmuls = _matmul_seconds(runner) if hasattr(runner, "linear_layers") else None
+    return decode, forward, matmuls
 
 
 def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[str, RuntimeResult]:
@@ -160,11 +175,13 @@ def bench_ngram(path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tok
                        same / compared if compared else float("nan"))
 
 
-def _summarise(runs: list[tuple[float, dict[int, float]]]) -> RuntimeResult:
-    tokens_per_second = statistics.median(DECODE_STEPS / decode for decode, _ in runs)
-    one = statistics.median(forward[1] for _, forward in runs)
-    verify = {k: statistics.median(forward[k + 1] for _, forward in runs) / one for k in VERIFY_KS}
-    return RuntimeResult(tokens_per_second, verify)
+def _summarise(runs: list[tuple[float, dict[int, float], float | None]]) -> RuntimeResult:
+    tokens_per_second = statistics.median(DECODE_STEPS / decode for decode, _, _ in runs)
+    one = statistics.median(forward[1] for _, forward, _ in runs)
+    verify = {k: statistics.median(forward[k + 1] for _, forward, _ in runs) / one for k in VERIFY_KS}
+    matmuls = [seconds for _, _, seconds in runs if seconds is not None]
+    ceiling = statistics.median(DECODE_STEPS / seconds for seconds in matmuls) if matmuls else None
+    return RuntimeResult(tokens_per_second, verify, ceiling)
 
 
 def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype: str, ngram: NgramResult | None = None) -> dict:
@@ -179,8 +196,8 @@ def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype:
         "native_tokens_per_second": native[default_dtype].tokens_per_second,
         "verify_cost": native[default_dtype].verify_cost,
         "hf_verify_cost": results["hf"].verify_cost,
-        "native_by_dtype": {d: {"tokens_per_second": r.tokens_per_second, "verify_cost": r.verify_cost}
-                            for d, r in native.items()},
+        "native_by_dtype": {d: {"tokens_per_second": r.tokens_per_second, "verify_cost": r.verify_cost,
+                                "matmul_ceiling_tokens_per_second": r.matmul_ceiling} for d, r in native.items()},
     }
     if ngram is not None:
         summary["ngram_dev"] = {
@@ -194,12 +211,14 @@ def format_table(summary: dict) -> str:
     """Human-readable table of one model's summary."""
     hf = summary["hf_tokens_per_second"]
     lines = [f"{summary['model']}  ({summary['threads']} threads, batch 1, medians)",
-             f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}   v(1..8) at {VERIFY_CONTEXT} ctx"]
-    rows = [("hf float32", hf, summary["hf_verify_cost"])]
-    rows += [(f"native {d}", r["tokens_per_second"], r["verify_cost"]) for d, r in summary["native_by_dtype"].items()]
-    for label, tps, verify in rows:
+             f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}   v(1..8) at {VERIFY_CONTEXT} ctx"]
+    rows = [("hf float32", hf, None, summary["hf_verify_cost"])]
+    rows += [(f"native {d}", r["tokens_per_second"], r["matmul_ceiling_tokens_per_second"], r["verify_cost"])
+             for d, r in summary["native_by_dtype"].items()]
+    for label, tps, ceiling, verify in rows:
         curve = " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
-        lines.append(f"  {label:<18}{tps:>8.1f}{tps / hf:>7.2f}x   {curve}")
+        ceiling_text = "" if ceiling is None else f"{ceiling:.1f}"
+        lines.append(f"  {label:<18}{tps:>8.1f}{tps / hf:>7.2f}x{ceiling_text:>14}   {curve}")
     lines.append(f"  default native dtype: {summary['default_dtype']}")
     if "ngram_dev" in summary:
         ngram = summary["ngram_dev"]

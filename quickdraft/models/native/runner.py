@@ -14,7 +14,7 @@ from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
-from quickdraft.models.native.weights import LayerWeights, ModelWeights
+from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights
 
 PREFILL_CHUNK = 512  # prompt tokens per forward during prefill: bounds the [n, L] attention scores
 
@@ -65,6 +65,11 @@ class NativeRunner:
 
     def rollback(self, length: int) -> None:
         self._cache.rollback(length)
+
+    def linear_layers(self) -> list[Linear]:
+        """Every matrix product a forward runs, in order (the benchmark times them alone: a decode ceiling)."""
+        per_layer = [linear for layer in self._weights.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return [*per_layer, self._weights.lm_head]
 
     @torch.inference_mode()
     def _run(self, token_ids: Sequence[int], last_only: bool, return_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
