@@ -159,6 +159,21 @@ def test_draft_model_runs_in_quickdraft_and_as_transformers_assistant(tmp_path, 
     assert overall["hf:assistant llama"]["tau"] > 1.5
 
 
+def test_joined_drafters_run_once_under_auto_and_stay_exact(tmp_path, tiny_dirs):
+    results = run_bench(tmp_path, tiny_dirs["llama"], f"none,ngram+{tiny_dirs['llama-other']}", k="2,auto")
+    names = [m["name"] for m in results["methods"]]
+    assert names[:2] == [BASELINE, "qd:ngram+llama-other k=auto"]  # no fixed k for a joined pair
+    assert "hf:assistant llama-other" in names
+    assert results["summary"]["groups"][OVERALL]["qd:ngram+llama-other k=auto"]["identical"] == 1.0
+
+
+def test_joined_drafters_without_auto_are_refused_before_loading_models(tmp_path, capsys):
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    code = main(["bench", "--model", str(tmp_path / "no-model"), "--drafters", "ngram+head", "--k", "4", "--dataset", str(dataset), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "ngram+head joins drafters for --k auto" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "lines, expected",
     [

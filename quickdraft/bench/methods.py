@@ -21,6 +21,9 @@ from quickdraft.engine import Engine
 Family = Literal["quickdraft", "transformers"]
 HFMode = Literal["greedy", "lookup", "assistant"]
 
+AUTO = "auto"
+JOINER = "+"  # bench drafters joined for --k auto to choose between, e.g. ngram+head
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -93,7 +96,8 @@ class QuickdraftMethod:
         self.engine = engine
         self.drafter = drafter
         self.k = k
-        self.spec = engine.with_spec(drafter=drafter) if k is None else engine.with_spec(drafter=drafter, k=k)
+        spec_drafter = engine_drafter(drafter)
+        self.spec = engine.with_spec(drafter=spec_drafter) if k is None else engine.with_spec(drafter=spec_drafter, k=k)
         self.name = f"qd:{display_name(drafter)}" if k is None else f"qd:{display_name(drafter)} k={k}"
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:
@@ -215,6 +219,11 @@ def load_hf_model(model_dir: Path, dtype: str) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), use_safetensors=True).eval()
 
 
+def engine_drafter(drafter: str) -> str:
+    """The SpecConfig drafter of a bench drafter: "ngram+head" (joined for auto) -> "ngram,head"."""
+    return drafter.replace(JOINER, ",")
+
+
 def display_name(drafter: str) -> str:
-    """A drafter name as shown in tables: paths shortened to their last part."""
-    return Path(drafter).name if "/" in drafter else drafter
+    """A drafter name as shown in tables: paths shortened to their last part, joined drafters kept joined."""
+    return JOINER.join(Path(part).name if "/" in part else part for part in drafter.split(JOINER))

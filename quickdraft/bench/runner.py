@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from quickdraft.bench.costs import measure_forward_seconds, relative_verify_cost
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
-from quickdraft.bench.methods import HFGenerate, HFTarget, Method, QuickdraftMethod, load_hf_model
+from quickdraft.bench.methods import AUTO, JOINER, HFGenerate, HFTarget, Method, QuickdraftMethod, engine_drafter, load_hf_model
 from quickdraft.bench.provenance import machine_info, provenance
 from quickdraft.bench.summary import BASELINE, HF_BASELINE
 from quickdraft.config import SamplingParams, SpecConfig
@@ -23,6 +23,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model_dir
+from quickdraft.models.store import local_model_dir
 
 WARMUP_TOKENS = 8  # one short untimed generation per method first: no one-time costs in the timings
 
@@ -54,8 +55,10 @@ class BenchConfig:
         if unknown := [p for p in self.peers if p != "hf"]:
             raise UsageError(f"unknown peers {', '.join(unknown)}; the only peer is hf (transformers generate)")
         for drafter in self.drafters:
-            for k in self.ks:
-                SpecConfig(drafter=drafter, k=k)  # validates k before any model loads
+            if JOINER in drafter and AUTO not in self.ks:
+                raise UsageError(f"{drafter} joins drafters for --k auto to choose between; add auto to --k, e.g. --k 4,auto")
+            for k in ks_for(drafter, self.ks):
+                SpecConfig(drafter=engine_drafter(drafter), k=k)  # validates k before any model loads
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
 
 
@@ -63,7 +66,7 @@ def run_bench(config: BenchConfig) -> dict:
     """Run the benchmark; returns a JSON-ready dict with provenance, costs and every measurement."""
     meta = provenance(config.dataset)
     prompts = select_prompts(load_prompts(config.dataset), list(config.categories or []) or None, config.limit)
-    model_dir = resolve_model_dir(config.model)
+    model_dir = local_model_dir(config.model)
     target = load_model_dir(model_dir, runtime=config.runtime, dtype=config.dtype, name=config.model)
     engine = Engine(target, SpecConfig(drafter="none"), DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype))
     chat = bool(target.tokenizer.chat_template)
@@ -90,20 +93,15 @@ def run_bench(config: BenchConfig) -> dict:
     }
 
 
-def resolve_model_dir(name_or_path: str) -> Path:
-    """A local model directory for a built-in name, directory, GGUF file or hub id."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        return path
-    from quickdraft.models.store import local_model_dir
-
-    return local_model_dir(name_or_path)
+def ks_for(drafter: str, ks: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """The k settings a bench drafter runs at: all of them, or only auto for joined drafters (ngram+head)."""
+    return (AUTO,) if JOINER in drafter else ks
 
 
 def quickdraft_methods(engine: Engine, config: BenchConfig) -> list[Method]:
-    """The baseline first, then every other drafter at every k."""
+    """The baseline first, then every other drafter at every k (joined drafters at auto only)."""
     others = [d for d in dict.fromkeys(config.drafters) if d != "none"]
-    return [QuickdraftMethod(engine, "none", None)] + [QuickdraftMethod(engine, d, k) for d in others for k in config.ks]
+    return [QuickdraftMethod(engine, "none", None)] + [QuickdraftMethod(engine, d, k) for d in others for k in ks_for(d, config.ks)]
 
 
 def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[Method]:
@@ -112,9 +110,9 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
         return []
     target = HFTarget(model_dir, config.dtype, engine.target.info.eos_token_ids)
     peers: list[Method] = [HFGenerate(target, "greedy"), HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens)]
-    for name in dict.fromkeys(config.drafters):
+    for name in dict.fromkeys(part for drafter in config.drafters for part in drafter.split(JOINER)):
         if isinstance(engine.drafter(name), DraftModelDrafter):
-            assistant = load_hf_model(resolve_model_dir(name), config.dtype)
+            assistant = load_hf_model(local_model_dir(name, progress=False), config.dtype)
             peers.append(HFGenerate(target, "assistant", assistant=assistant, assistant_name=name))
     return peers
 

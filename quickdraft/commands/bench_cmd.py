@@ -18,7 +18,7 @@ def register(subparsers) -> None:
         "report.md and PNG plots to --out.",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
-    parser.add_argument("--drafters", default="none,ngram", type=_comma_list, help="comma list: none, ngram, draft model names/paths (default none,ngram); none, the baseline, always runs")
+    parser.add_argument("--drafters", default="none,ngram", type=_comma_list, help="comma list: none, ngram, head, head:DIR, draft model names/paths, or drafters joined by + for --k auto to choose between (ngram+head, run at auto only); default none,ngram; none, the baseline, always runs")
     parser.add_argument("--k", default="4", type=_k_list, help="comma list of draft lengths, e.g. 1,2,4,8; each drafter runs at each k (default 4)")
     parser.add_argument("--dataset", type=Path, help="JSONL prompts in the Spec-Bench format (question_id, category, turns); required unless --from-results")
     parser.add_argument("--categories", default=None, type=_comma_list, help="comma list of categories to run (default all)")
