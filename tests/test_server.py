@@ -295,8 +295,9 @@ def test_burst_beyond_the_queue_gets_429_and_nothing_hangs(server):
     rejected = 'quickdraft_request_rejected_total{reason="queue_full"}'
     before = server.metrics()[rejected]
     burst = 3 * (MAX_QUEUE + 1)
+    tokens = 400  # about 0.3 s a request here: the burst arrives while the first ones still run
     with ThreadPoolExecutor(burst) as pool:
-        responses = list(pool.map(lambda _: httpx.post(f"{server.base_url}{TEXT}", json=long_request(max_tokens=60), headers=KEY, timeout=120), range(burst)))
+        responses = list(pool.map(lambda _: httpx.post(f"{server.base_url}{TEXT}", json=long_request(max_tokens=tokens), headers=KEY, timeout=120), range(burst)))
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(200) >= 1 and statuses.count(429) >= 1
@@ -304,7 +305,7 @@ def test_burst_beyond_the_queue_gets_429_and_nothing_hangs(server):
         if response.status_code == 429:
             assert response.json()["error"]["code"] == "queue_full" and response.headers["Retry-After"] == "1"
         else:
-            assert response.json()["usage"]["completion_tokens"] == 60
+            assert response.json()["usage"]["completion_tokens"] == tokens
     assert wait_for_idle(server)[rejected] == before + statuses.count(429)
 
 
