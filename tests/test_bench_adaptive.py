@@ -4,6 +4,7 @@ import json
 
 from PIL import Image
 
+from quickdraft.bench.adaptive import Measurement, load_raw, same_work_timing
 from quickdraft.cli import main
 from tests.test_bench import PROMPTS, write_jsonl
 
@@ -27,11 +28,23 @@ def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(t
     assert set(results["quality"]["speeds"]) == {"overall", "writing", "coding"}
     assert "random-draft" in results["safety"]["costs"]["end"]["draft_per_token_vs_t1"]
     assert list((tmp_path / "cache" / "bench").iterdir()), "the random draft is built in the quickdraft cache"
-    raw = json.loads((out / "adaptive-raw.json").read_text())
+    raw = load_raw(out / "adaptive-raw.json")
     assert len(raw) == len(settings) * (2 + 2)  # safety: 2 prompts, quality: one per category
+    same = results["quality"]["same_work"]
+    assert same["reference"] in {f"k={k}" for k in KS} and same["of"] == 2 and 0 <= same["generations"] <= 2
+    assert same == same_work_timing([m for m in raw if m.case == "quality"], same["reference"])
     report = (out / "adaptive.md").read_text()
-    assert "### Safety" in report and "### Quality" in report and report in capsys.readouterr().out
+    assert "### Safety" in report and "### Quality" in report and "Timing noise:" in report and report in capsys.readouterr().out
     assert Image.open(out / "adaptive.png").size[0] > 0
+
+
+def test_same_work_timing_compares_only_generations_with_identical_steps():
+    def run(setting, prompt, k_per_step, seconds):
+        return Measurement("quality", "writing", prompt, 0, setting, 10, seconds, seconds, [], k_per_step, {})
+
+    runs = [run("k=3", 0, [3, 3], 1.0), run("auto", 0, [3, 3], 1.25), run("k=3", 1, [3, 0], 1.0), run("auto", 1, [3, 1], 0.5)]
+    assert same_work_timing(runs, "k=3") == {"reference": "k=3", "generations": 1, "of": 2, "median": 0.8, "min": 0.8, "max": 0.8}
+    assert same_work_timing(runs, "k=1") == {"reference": "k=1", "generations": 0, "of": 2}
 
 
 def test_an_unknown_case_is_a_usage_error(tmp_path, capsys):

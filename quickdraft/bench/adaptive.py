@@ -180,5 +180,24 @@ def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
     }
 
 
+def same_work_timing(measurements: list[Measurement], reference: str) -> dict:
+    """Timing noise, measured: auto's generations that chose exactly `reference`'s k at every step (same
+    prompt and round), so both did the same work, and auto's tokens/s on them relative to `reference`'s."""
+    runs = {(m.case, m.prompt, m.round, m.setting): m for m in measurements}
+    autos = [m for m in measurements if m.setting == AUTO]
+    ratios = [
+        (m.tokens / m.seconds) / (other.tokens / other.seconds)
+        for m in autos
+        if (other := runs.get((m.case, m.prompt, m.round, reference))) is not None and m.k_per_step == other.k_per_step
+    ]
+    spread = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else {}
+    return {"reference": reference, "generations": len(ratios), "of": len(autos), **spread}
+
+
 def save_raw(measurements: list[Measurement], path: Path) -> None:
     path.write_text(json.dumps([asdict(m) for m in measurements]))
+
+
+def load_raw(path: Path) -> list[Measurement]:
+    """Measurements written by `save_raw`."""
+    return [Measurement(**record) for record in json.loads(Path(path).read_text())]

@@ -1,7 +1,7 @@
 """Markdown tables, goal checks and a plot for `quickdraft bench-adaptive` results.
 
 `results` is {case: {"speeds" | "cpu_speeds": {group: {setting: tokens/s}}, "mismatches": [...],
-"adaptation": {...}, "costs": {...}}} with cases "safety" and/or "quality"; settings are "target",
+"adaptation": {...}, "same_work": {...}, "costs": {...}}} with cases "safety" and/or "quality"; settings are "target",
 "k=N" and "auto"; "speeds" are by wall time, "cpu_speeds" by the process's CPU time.
 """
 
@@ -57,7 +57,7 @@ def _quality_section(case: dict) -> list[str]:
     lines = ["### Quality: ngram on the dev prompts", ""]
     for key, clock in CLOCKS.items():
         lines += _quality_table(case[key], clock)
-    return lines + [_adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
+    return lines + [_adaptation_line(case["adaptation"]), _same_work_line(case["same_work"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
 
 
 def _quality_table(speeds: dict[str, dict[str, float]], clock: str) -> list[str]:
@@ -89,6 +89,14 @@ def _quality_row(group: str, row: dict[str, float], labels: list[str]) -> str:
     cells = " | ".join(f"{row[s] / row[TARGET]:.2f}" for s in labels)
     name = f"**{group}**" if group == "overall" else group
     return f"| {name} | {cells} | {row[AUTO] / row[TARGET]:.2f} | {best} | {ratio:.2f} |"
+
+
+def _same_work_line(same: dict) -> str:
+    """How far apart two settings that did the same work were timed: the noise under the tables."""
+    head = f"Timing noise: in {same['generations']} of {same['of']} generations auto chose exactly {same['reference']}'s k at every step"
+    if not same["generations"]:
+        return head + "."
+    return head + f"; there its tokens/s was {same['median']:.3f}x (min {same['min']:.3f}, max {same['max']:.3f}) of {same['reference']}'s."
 
 
 def _adaptation_line(adaptation: dict) -> str:

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
             "cpu_speeds": adaptive.speeds(measurements, clock="cpu"),
             "mismatches": adaptive.mismatches(measurements),
             "adaptation": adaptive.adaptation(measurements),
+            "same_work": adaptive.same_work_timing(measurements, _best_fixed(adaptive.speeds(measurements))),
             "costs": costs,
         }
     command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -94,3 +95,8 @@ def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt]
     measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
 
+
+def _best_fixed(speeds: dict[str, dict[str, float]]) -> str:
+    """The fixed-k setting with the highest overall tokens/s."""
+    overall = speeds["overall"]
+    return max((s for s in overall if s.startswith("k=")), key=overall.__getitem__)
