@@ -17,8 +17,6 @@ import time
 import torch
 
 from quickdraft.models.native import native_runner_for
-from quickdraft.models.native.layers import attention, gated_mlp, rms_norm
-from quickdraft.models.native.rope import apply_rope
 from quickdraft.models.native.runner import NativeRunner
 from quickdraft.models.store import local_model_dir
 
@@ -27,39 +25,9 @@ CHECK_TOKENS = [200, 201, 202, 203, 204]
 
 
 def compile_layers(runner: NativeRunner) -> None:
-    """Replace the runner's per-layer function with one whose tensor-only halves are compiled."""
-    spec, qk_width = runner.spec, (runner.spec.num_heads + runner.spec.num_kv_heads) * runner.spec.head_dim
-
-    def before_attention(x, layer, cos, sin):  # x [n, d] -> rotated q|k [n, H + KV, hd], values [n, KV, hd]
-        n = x.shape[0]
-        qkv = layer.qkv(rms_norm(x, layer.input_norm, spec.rms_norm_eps))
-        qk = qkv[:, :qk_width].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
-        if layer.qk_norm is not None:
-            qk = rms_norm(qk, None, spec.rms_norm_eps) * layer.qk_norm
-        return apply_rope(qk, cos, sin), qkv[:, qk_width:].view(n, spec.num_kv_heads, spec.head_dim)
-
-    def after_attention(x, attended, layer):  # x, attended [n, d] -> next layer's input [n, d]
-        out = layer.o(attended)
-        if layer.post_attention_norm is not None:
-            out = rms_norm(out, layer.post_attention_norm, spec.rms_norm_eps)
-        x = x + out
-        out = gated_mlp(rms_norm(x, layer.pre_mlp_norm, spec.rms_norm_eps), layer, spec.activation)
-        if layer.post_mlp_norm is not None:
-            out = rms_norm(out, layer.post_mlp_norm, spec.rms_norm_eps)
-        return x + out
-
-    compiled_before = torch.compile(before_attention, dynamic=True)
-    compiled_after = torch.compile(after_attention, dynamic=True)
-    cache = runner._cache
-
-    def layer_forward(i, layer, x, start, window, rope):
-        qk, values = compiled_before(x, layer, *rope)
-        cache.write(i, start, qk[:, spec.num_heads:], values)
-        keys, cached_values = cache.read(i, window.begin, start + x.shape[0])
-        attended = attention(qk[:, :spec.num_heads], keys, cached_values, window, spec.attention_scale)
-        return compiled_after(x, attended, layer)
-
-    runner._layer = layer_forward
+    """Compile the runner's two tensor-only halves of a layer (the cache and attention stay eager)."""
+    runner._attention_inputs = torch.compile(runner._attention_inputs, dynamic=True)
+    runner._attention_output_and_mlp = torch.compile(runner._attention_output_and_mlp, dynamic=True)
 
 
 def decode_rate(runner: NativeRunner, steps: int) -> float:

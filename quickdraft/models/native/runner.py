@@ -89,15 +89,27 @@ class NativeRunner:
     def _layer(self, i: int, layer: LayerWeights, x: torch.Tensor, start: int, window: AttentionWindow,
                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         spec, n = self.spec, x.shape[0]
+        qk, values = self._attention_inputs(layer, x, rope)
+        self._cache.write(i, start, qk[:, spec.num_heads:], values)
+        cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
+        attended = attention(qk[:, :spec.num_heads], cached_keys, cached_values, window, spec.attention_scale)
+        return self._attention_output_and_mlp(layer, x, attended)
+
+    def _attention_inputs(self, layer: LayerWeights, x: torch.Tensor,
+                          rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, d] -> rotated queries|keys [n, H + KV, hd], values [n, KV, hd]. Tensors only, no cache."""
+        spec, n = self.spec, x.shape[0]
         qkv = layer.qkv(rms_norm(x, layer.input_norm, spec.rms_norm_eps))  # [n, (H + 2 KV) hd]
         qk = qkv[:, :self._qk_width].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
         values = qkv[:, self._qk_width:].view(n, spec.num_kv_heads, spec.head_dim)
         if layer.qk_norm is not None:
             qk = rms_norm(qk, None, spec.rms_norm_eps) * layer.qk_norm
-        qk = apply_rope(qk, *rope)  # [n, H + KV, hd]
-        self._cache.write(i, start, qk[:, spec.num_heads:], values)
-        cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
-        out = layer.o(attention(qk[:, :spec.num_heads], cached_keys, cached_values, window, spec.attention_scale))
+        return apply_rope(qk, *rope), values
+
+    def _attention_output_and_mlp(self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x, attended [n, d] -> the next layer's input [n, d]. Tensors only, no cache."""
+        spec = self.spec
+        out = layer.o(attended)
         if layer.post_attention_norm is not None:
             out = rms_norm(out, layer.post_attention_norm, spec.rms_norm_eps)
         x = x + out
