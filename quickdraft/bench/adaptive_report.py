@@ -66,7 +66,7 @@ def _quality_table(speeds: dict[str, dict[str, float]], clock: str) -> list[str]
     header = "| category | " + " | ".join(labels) + " | auto | best fixed | auto / best |"
     lines = [f"Speedup over the target alone, {clock}:", "", header, "|" + "---|" * (len(labels) + 4)]
     lines += [_quality_row(group, speeds[group], labels) for group in categories + ["overall"]]
-    worst = min(_best_fixed(speeds[group], labels)[1] for group in categories)
+    worst = min(best_fixed(speeds[group], labels)[1] for group in categories)
     overall = speeds["overall"]
     beaten = [s for s in labels if overall[s] >= overall[AUTO]]
     return lines + [
@@ -78,14 +78,14 @@ def _quality_table(speeds: dict[str, dict[str, float]], clock: str) -> list[str]
     ]
 
 
-def _best_fixed(row: dict[str, float], labels: list[str]) -> tuple[str, float]:
+def best_fixed(row: dict[str, float], labels: list[str]) -> tuple[str, float]:
     """The fastest fixed k of a row, and auto's speed relative to it."""
     best = max(labels, key=lambda s: row[s])
     return best, row[AUTO] / row[best]
 
 
 def _quality_row(group: str, row: dict[str, float], labels: list[str]) -> str:
-    best, ratio = _best_fixed(row, labels)
+    best, ratio = best_fixed(row, labels)
     cells = " | ".join(f"{row[s] / row[TARGET]:.2f}" for s in labels)
     name = f"**{group}**" if group == "overall" else group
     return f"| {name} | {cells} | {row[AUTO] / row[TARGET]:.2f} | {best} | {ratio:.2f} |"

@@ -98,10 +98,10 @@ def _forward_seconds(runner, context: int, tokens: Sequence[int]) -> float:
 @torch.inference_mode()
 def _matmul_seconds(runner) -> float:
     """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
-    inputs = [torch.randn(1, linear.weight.shape[1]).to(runner.dtype) for linear in runner.linear_layers()]
+    products = [(linear, torch.randn(1, linear.weight.shape[1]).to(runner.dtype)) for linear in runner.linear_layers()]
     begin = time.perf_counter()
     for _ in range(DECODE_STEPS):
-        for linear, x in zip(runner.linear_layers(), inputs):
+        for linear, x in products:
             linear(x)
     return time.perf_counter() - begin
 

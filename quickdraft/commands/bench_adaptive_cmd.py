@@ -62,12 +62,15 @@ def run(args: argparse.Namespace) -> int:
     for case in cases:
         measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks)
         raw += measurements
+        speeds = adaptive.speeds(measurements)
+        overall = speeds["overall"]
+        best, _ = adaptive_report.best_fixed(overall, adaptive_report.fixed_labels(overall))
         results[case] = {
-            "speeds": adaptive.speeds(measurements),
+            "speeds": speeds,
             "cpu_speeds": adaptive.speeds(measurements, clock="cpu"),
             "mismatches": adaptive.mismatches(measurements),
             "adaptation": adaptive.adaptation(measurements),
-            "same_work": adaptive.same_work_timing(measurements, _best_fixed(adaptive.speeds(measurements))),
+            "same_work": adaptive.same_work_timing(measurements, best),
             "costs": costs,
         }
     command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -95,8 +98,3 @@ def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt]
     measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
 
-
-def _best_fixed(speeds: dict[str, dict[str, float]]) -> str:
-    """The fixed-k setting with the highest overall tokens/s."""
-    overall = speeds["overall"]
-    return max((s for s in overall if s.startswith("k=")), key=overall.__getitem__)
