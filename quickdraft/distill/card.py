@@ -2,7 +2,7 @@
 
 from dataclasses import asdict, dataclass
 
-from quickdraft.distill.data import Shard
+from quickdraft.distill.data import GenerationConfig, Shard
 from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
 
@@ -13,6 +13,7 @@ class Facts:
     identity: dict
     data: dict  # see data_facts
     vocab: VocabChoice
+    generation: GenerationConfig
     training: TrainConfig
     train_seconds: float  # training time summed over resumed runs
     total_seconds: float  # wall time of the final invocation
@@ -54,15 +55,15 @@ def render(facts: Facts) -> str:
         f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) | {heldout['tau']:.2f} (untrained head: {untrained['tau']:.2f}) |",
         f"| held-out alpha, teacher-forced | {heldout['alpha']:.3f} (untrained: {untrained['alpha']:.3f}) |",
         f"| held-out acceptance by position, teacher-forced | {_numbers(heldout['acceptance_by_position'])} |",
-        f"| engine, greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau | {engine['tau']:.2f} |",
+        f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau | {engine['tau']:.2f} |",
         f"| engine: alpha / accepted per step by position | {engine['alpha']:.3f} / {_numbers(engine['acceptance_by_position'])} |",
         f"| engine: speedup over the target alone (same process) | {engine['speedup']:.2f}x, outputs identical: {engine['identical']} |",
-        f"| c: head step / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",
+        f"| c: head step (int8 form) / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",
         "",
         "## Data",
         "",
-        "Self-distillation: the target's own greedy answers to training prompts, with its post-norm last hidden state",
-        f"at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
+        f"Self-distillation: the target's own greedy answers ({facts.generation.dtype}, at most {facts.generation.max_new_tokens} tokens) to",
+        f"training prompts, with its post-norm last hidden state at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences (prompt index % 20 == 0).",
         f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers (prompts rank",
         "the rest, see vocab.py); coverage of answer",

@@ -70,6 +70,17 @@ class Rotary(nn.Module):
         return x * cos + rotated * sin
 
 
+class FrozenLinear(nn.Module):
+    """y = x @ W.T with W a buffer: not trained, not saved (the target's output rows)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)  # [out, in]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+
 class KVCache:
     """Keys and values of one sequence, grown on demand; `length` is the valid prefix (O(1) rollback)."""
 
@@ -144,7 +155,7 @@ class DraftHead(nn.Module):
         self.up_proj = nn.Linear(d, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=False)
         self.register_buffer("embeddings", embeddings, persistent=False)  # [target_vocab, d]
-        self.register_buffer("output_rows", output[vocab_ids].float(), persistent=False)  # [draft_vocab, d]
+        self.output = FrozenLinear(output[vocab_ids].float())  # [draft_vocab, d] rows of the target's output layer
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)  # [draft_vocab] target id of each draft logit
 
     def fuse_inputs(self, states: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
@@ -160,7 +171,7 @@ class DraftHead(nn.Module):
 
     def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """Predicted states [..., d] -> logits over the reduced vocabulary [..., draft_vocab]."""
-        return predicted @ self.output_rows.T
+        return self.output(predicted)
 
     def step(self, states: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Inference: pairs at positions cache.length.. (states [n, d], next_tokens [n]) -> predictions [n, d]."""

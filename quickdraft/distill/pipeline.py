@@ -56,8 +56,10 @@ def distill(options: DistillOptions) -> Path:
     prompts = load_prompts(options.prompts)
     identity = target_identity(target)
     _say(f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens")
-    generate_shards(target.runner.model, target.tokenizer, prompts, options.out / "data", options.tokens,
+    writer = target if options.generation.dtype == "float32" else load_model(options.target, runtime="hf", dtype=options.generation.dtype)
+    generate_shards(writer.runner.model, writer.tokenizer, prompts, options.out / "data", options.tokens,
                     options.generation, identity, progress=_data_progress(time.perf_counter()))
+    del writer
     shards = load_shards(options.out / "data")
     if options.kind == "standalone":
         from quickdraft.distill.standalone import train_standalone
@@ -80,12 +82,12 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
     save_head(options.out, head, identity, **extra)
     eval_prompts = evaluation.heldout_prompts(prompts, options.eval_prompts)
-    _say(f"measuring the saved head with the engine on {len(eval_prompts)} held-out prompts")
-    measured = evaluation.engine_metrics(target, options.out, eval_prompts, options.generation.max_new_tokens)
+    _say(f"measuring the saved head with the engine (default runtime) on {len(eval_prompts)} held-out prompts")
+    measured = evaluation.engine_metrics(load_model(options.target), options.out, eval_prompts, options.generation.max_new_tokens)
     save_head(options.out, head, identity, **extra, engine=measured)
     facts = card.Facts(
         target=options.target, identity=identity, data=card.data_facts(shards, train, heldout), vocab=vocab,
-        training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
+        generation=options.generation, training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
         heldout=metrics, untrained=untrained, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
     )
     (options.out / "README.md").write_text(card.render(facts))

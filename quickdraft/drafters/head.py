@@ -7,6 +7,8 @@ from true states; `propose` first feeds the pairs it has not seen, whose last ou
 the state after the pending token, then drafts k tokens on its own predicted states. Draft
 entries in the head's cache are rolled back before the next step re-feeds true states.
 
+The head drafts in its int8 inference form (`distill/quantize.py`) on CPU.
+
 Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
 the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row
 is zero outside the reduced vocabulary and exactly the distribution the token was drawn from.
@@ -20,6 +22,7 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill.head_dir import load_head
 from quickdraft.distill.model import DraftHead, KVCache
+from quickdraft.distill.quantize import quantize_head
 from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
@@ -107,5 +110,5 @@ def head_directory(argument: str, target_name: str) -> Path:
 @register_drafter("head")
 def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> HeadDrafter:
     directory = head_directory(argument, target.info.name)
-    head = load_head(directory, target).to(target.runner.device)
+    head = quantize_head(load_head(directory, target).to(target.runner.device))
     return HeadDrafter(head, target.info.vocab_size, name=f"head:{directory}")
