@@ -43,6 +43,7 @@ class TrainConfig:
     train_on_prompts: bool = False  # also count the prompts' pairs in training (held-out stays answers only)
     eval_k: int = 4
     eval_every: int = 50  # steps between held-out evaluations
+    eval_sequences: int = 64  # held-out sequences scored during training (the final evaluation scores all)
     checkpoint_seconds: float = 120.0
     seed: int = 0
 
@@ -208,7 +209,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{self._last_loss:.4f}", heldout=_short(self.state.last_eval))
             if self.state.step % self.config.eval_every == 0:
-                self.state.last_eval = self.objective.evaluate(self.heldout)
+                self.state.last_eval = self.objective.evaluate(self.heldout[: self.config.eval_sequences])
             if time.perf_counter() - saved_at > self.config.checkpoint_seconds:
                 self.save_checkpoint()
                 saved_at = time.perf_counter()
