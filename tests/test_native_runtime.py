@@ -236,3 +236,23 @@ def test_context_limit_and_bad_rollback_raise(tmp_path):
 def test_unsupported_architecture_returns_none(tmp_path):
     _save_random_model(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2), tmp_path)
     assert native_runner_for(tmp_path, "float32", "cpu") is None
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(tmp_path, dtype):
+    """Every row of a k-token forward is bit-identical to the 1-token forward at its position, for
+    contexts just before, at and past a sliding window long enough for reductions to be blocked."""
+    window = 512  # gemma-3-270m's
+    config = Gemma3TextConfig(**{**_COMMON, "max_position_embeddings": 1024}, num_attention_heads=4, num_key_value_heads=1,
+                              head_dim=256, sliding_window=window, layer_types=["sliding_attention"] * 3)
+    _save_random_model(config, tmp_path)
+    runner = native_runner_for(tmp_path, dtype, "cpu")
+    differences = {}
+    for context in range(window - 4, window + 12):
+        runner.prefill(_tokens(context, seed=context))
+        base = runner.cache_length
+        one_by_one = torch.stack([runner.forward([7 + j])[0] for j in range(4)])  # [4, vocab]
+        runner.rollback(base)
+        together = runner.forward([7, 8, 9, 10])  # [4, vocab]
+        differences[context] = _max_diff(one_by_one, together)
+    assert max(differences.values()) == 0.0, {c: d for c, d in differences.items() if d}

@@ -14,19 +14,30 @@ class AttentionWindow:
 
     begin: int  # first cached position any query of this forward may attend to
     mask: torch.Tensor  # [G * n, end - begin] additive (0 or -inf), rows ordered (group, query)
+    rows: tuple["AttentionWindow", ...] = ()  # one 1-query window per query, when queries must attend one at a time
 
     @staticmethod
     def build(start: int, n: int, window: int | None, groups: int, dtype: torch.dtype,
               device: torch.device) -> "AttentionWindow":
-        """Causal (and, with a window W, sliding: key > query - W) mask for queries start..start+n-1."""
+        """Causal (and, with a window W, sliding: key > query - W) mask for queries start..start+n-1.
+
+        Exactness: a query must reduce over exactly the keys a 1-token forward at its position reads.
+        Masked keys after a query's own (causal) leave its sums bit-identical, but masked keys before
+        them shift where the reduction starts and change the rounding. Once a sliding window has
+        moved past position 0, later queries would have such leading masked keys, so the forward gets
+        `rows`: each query attends alone over its own window, as in 1-token decoding.
+        """
         begin = 0 if window is None else max(0, start - window + 1)
         query_pos = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
         key_pos = torch.arange(begin, start + n, device=device)[None, :]  # [1, L]
         blocked = key_pos > query_pos  # [n, L]
+        rows = ()
         if window is not None:
             blocked |= key_pos <= query_pos - window
+            if n > 1 and start + n > window:
+                rows = tuple(AttentionWindow.build(start + j, 1, window, groups, dtype, device) for j in range(n))
         mask = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
-        return AttentionWindow(begin, mask.repeat(groups, 1))
+        return AttentionWindow(begin, mask.repeat(groups, 1), rows)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

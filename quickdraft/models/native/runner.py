@@ -91,8 +91,13 @@ class NativeRunner:
         spec, n = self.spec, x.shape[0]
         qk, values = self._attention_inputs(layer, x, rope)
         self._cache.write(i, start, qk[:, spec.num_heads:], values)
-        cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
-        attended = attention(qk[:, :spec.num_heads], cached_keys, cached_values, window, spec.attention_scale)
+        queries = qk[:, :spec.num_heads]  # [n, H, hd]
+        if window.rows:  # each query over exactly its own window (see AttentionWindow.build)
+            attended = torch.cat([attention(queries[j:j + 1], *self._cache.read(i, row.begin, start + j + 1), row,
+                                            spec.attention_scale) for j, row in enumerate(window.rows)])
+        else:
+            cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
+            attended = attention(queries, cached_keys, cached_values, window, spec.attention_scale)
         return self._attention_output_and_mlp(layer, x, attended)
 
     def _attention_inputs(self, layer: LayerWeights, x: torch.Tensor,
