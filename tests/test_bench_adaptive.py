@@ -1,6 +1,7 @@
 """`quickdraft bench-adaptive` end to end on a tiny random model: both cases, every setting, exact outputs."""
 
 import json
+from dataclasses import replace
 
 from PIL import Image
 
@@ -45,6 +46,9 @@ def test_same_work_timing_compares_only_generations_with_identical_steps():
     runs = [run("k=3", 0, [3, 3], 1.0), run("auto", 0, [3, 3], 1.25), run("k=3", 1, [3, 0], 1.0), run("auto", 1, [3, 1], 0.5)]
     assert same_work_timing(runs, "k=3") == {"reference": "k=3", "generations": 1, "of": 2, "median": 0.8, "min": 0.8, "max": 0.8}
     assert same_work_timing(runs, "k=1") == {"reference": "k=1", "generations": 0, "of": 2}
+    empty = [run("k=3", 2, [], 0.01), run("auto", 2, [], 0.01)]
+    empty = [replace(m, tokens=0) for m in empty]  # the prompt was answered with end-of-sequence at once
+    assert same_work_timing(runs + empty, "k=3") == same_work_timing(runs, "k=3")
 
 
 def test_an_unknown_case_is_a_usage_error(tmp_path, capsys):

@@ -182,9 +182,10 @@ def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
 
 def same_work_timing(measurements: list[Measurement], reference: str) -> dict:
     """Timing noise, measured: auto's generations that chose exactly `reference`'s k at every step (same
-    prompt and round), so both did the same work, and auto's tokens/s on them relative to `reference`'s."""
+    prompt and round), so both did the same work, and auto's tokens/s on them relative to `reference`'s.
+    A prompt answered with end-of-sequence at once (no new tokens) has no speed to compare and is skipped."""
     runs = {(m.case, m.prompt, m.round, m.setting): m for m in measurements}
-    autos = [m for m in measurements if m.setting == AUTO]
+    autos = [m for m in measurements if m.setting == AUTO and m.tokens > 0]
     ratios = [
         (m.tokens / m.seconds) / (other.tokens / other.seconds)
         for m in autos

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     for case in cases:
         measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks)
         raw += measurements
+        adaptive.save_raw(raw, out / "adaptive-raw.json")  # first, so a long run's numbers survive any report error
         speeds = adaptive.speeds(measurements)
         overall = speeds["overall"]
         best, _ = adaptive_report.best_fixed(overall, adaptive_report.fixed_labels(overall))
@@ -76,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
     command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     (out / "adaptive.md").write_text(adaptive_report.markdown(results, command))
     (out / "adaptive.json").write_text(json.dumps({"command": command, "results": results}, indent=1))
-    adaptive.save_raw(raw, out / "adaptive-raw.json")
     adaptive_report.plot(results, out / "adaptive.png")
     print(adaptive_report.markdown(results, command))
     return 0
