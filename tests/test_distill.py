@@ -9,8 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.data import GenerationConfig, load_shards
+from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards
 from quickdraft.distill.head_dir import build_head, load_head
+from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.prompts import drop_evaluation_prompts, load_prompts, specbench_turns
@@ -18,7 +19,7 @@ from quickdraft.distill.train import HeadObjective, TrainConfig, Trainer, evalua
 from quickdraft.distill.vocab import choose_vocab, count_tokens
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import load_model_dir
+from quickdraft.models.loading import load_model, load_model_dir
 
 WORDS = "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast".split()
 TINY_GENERATION = GenerationConfig(max_new_tokens=24, batch_size=8, chunk_prompts=16)
@@ -86,6 +87,19 @@ def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(di
     assert sum(s["answer_tokens"] for s in resumed["shards"]) >= more.tokens
     state = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]
     assert state["step"] > steps_before
+
+
+def test_complete_data_is_not_regenerated_and_loads_no_writer(distilled):
+    options, out = distilled
+    manifest = (out / "data" / "manifest.json").read_text()
+
+    def no_writer():
+        raise AssertionError("the writer model was loaded although the data is complete")
+
+    identity = target_identity(load_model(options.target, runtime="hf"))
+    total = generate_shards(no_writer, load_prompts(options.prompts), out / "data", options.tokens, options.generation, identity)
+    assert total >= options.tokens
+    assert (out / "data" / "manifest.json").read_text() == manifest
 
 
 def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quickdraft.errors import UsageError
+from quickdraft.models.loading import LoadedModel
 from quickdraft.text import encode_prompt
 
 MANIFEST = "manifest.json"
@@ -82,20 +83,26 @@ def prompt_list_digest(prompts: list[str]) -> str:
 
 
 def generate_shards(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], data_dir: Path,
+    load_writer: Callable[[], LoadedModel], prompts: list[str], data_dir: Path,
     target_tokens: int, config: GenerationConfig, identity: dict, progress: Callable[[int, int], None] = lambda done, goal: None,
 ) -> int:
-    """Append shards to `data_dir` until the answers hold `target_tokens` tokens; returns the total."""
+    """Append shards to `data_dir` until the answers hold `target_tokens` tokens; returns the total.
+
+    `load_writer` gives the model that writes the answers; it is called once, and only when a
+    shard is still to be written (a resumed run whose data is complete loads nothing).
+    """
     manifest = _open_manifest(data_dir, prompts, config, identity)
     total = sum(entry["answer_tokens"] for entry in manifest["shards"])
     next_chunk = len(manifest["shards"])
+    writer = None
     while total < target_tokens:
         first = next_chunk * config.chunk_prompts
         if first >= len(prompts):
             print(f"prompts exhausted after {total} answer tokens", flush=True)
             break
         chunk = list(range(first, min(first + config.chunk_prompts, len(prompts))))
-        shard = answer_chunk(model, tokenizer, prompts, chunk, config)
+        writer = writer or load_writer()
+        shard = answer_chunk(writer.runner.model, writer.tokenizer, prompts, chunk, config)
         entry = _write_shard(data_dir, next_chunk, shard)
         manifest["shards"].append(entry)
         _write_json(data_dir / MANIFEST, manifest)

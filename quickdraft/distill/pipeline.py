@@ -56,10 +56,8 @@ def distill(options: DistillOptions) -> Path:
     prompts = load_prompts(options.prompts)
     identity = target_identity(target)
     _say(f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens")
-    writer = target if options.generation.dtype == "float32" else load_model(options.target, runtime="hf", dtype=options.generation.dtype)
-    generate_shards(writer.runner.model, writer.tokenizer, prompts, options.out / "data", options.tokens,
+    generate_shards(lambda: _writer(target, options), prompts, options.out / "data", options.tokens,
                     options.generation, identity, progress=_data_progress(time.perf_counter()))
-    del writer
     shards = load_shards(options.out / "data")
     if options.kind == "standalone":
         from quickdraft.distill.standalone import train_standalone
@@ -93,6 +91,13 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     (options.out / "README.md").write_text(card.render(facts))
     _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
     return options.out
+
+
+def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
+    """The model that writes the answers: the target itself, or a copy in the generation dtype."""
+    if options.generation.dtype == "float32":
+        return target
+    return load_model(options.target, runtime="hf", dtype=options.generation.dtype)
 
 
 def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:

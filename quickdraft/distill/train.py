@@ -72,9 +72,9 @@ def split_examples(shards: list[Shard], train_on_prompts: bool = False) -> tuple
             if len(tokens) - answer_start < 2:
                 continue
             if prompt_index % HELDOUT_EVERY == 0:
-                heldout.append(_example(tokens, hidden, answer_start))
+                heldout.append(make_example(tokens, hidden, answer_start))
             else:
-                train.append(_example(tokens, hidden, 1 if train_on_prompts else answer_start))
+                train.append(make_example(tokens, hidden, 1 if train_on_prompts else answer_start))
     return train, heldout
 
 
@@ -87,7 +87,7 @@ def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.T
     return train, heldout
 
 
-def _example(tokens: torch.Tensor, hidden: torch.Tensor, counted_from: int) -> Example:
+def make_example(tokens: torch.Tensor, hidden: torch.Tensor, counted_from: int) -> Example:
     """Pairs of one sequence; pairs predicting positions >= counted_from count in the loss."""
     greedy_next = torch.cat([tokens[2:], torch.tensor([-1])])
     return Example(tokens[:-1], hidden[:-1], tokens[1:], hidden[1:], greedy_next, max(counted_from - 1, 0))

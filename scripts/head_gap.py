@@ -1,0 +1,75 @@
+"""Why a head's engine tau is below its teacher-forced tau: both measured on the same text.
+
+    python scripts/head_gap.py --model smollm2-135m-instruct --count 12 --k 4 --threads 2
+    python scripts/head_gap.py --dev ../shared/data/specbench_dev.jsonl --categories writing,roleplay,qa --count 12
+
+The engine answers each prompt greedily with the head drafting k tokens per step. The training
+code's teacher-forced evaluation (`distill.train.evaluate`) then scores the same head on the same
+answers, with the target's states from the same runtime: a draft starting at every answer
+position. Printed: the engine's tau and acceptance by position (share of steps), and the
+teacher-forced tau and conditional acceptance by position. The engine starts a draft only where
+the previous step ended (after the target's own token), so it skips the positions inside an
+accepted run; the difference between the two on identical text is that selection.
+"""
+
+import argparse
+import json
+
+import torch
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill import evaluation
+from quickdraft.distill.head_dir import load_head
+from quickdraft.distill.prompts import load_prompts
+from quickdraft.distill.train import TrainConfig, evaluate, make_example
+from quickdraft.drafters.head import head_directory
+from quickdraft.engine import Engine
+from quickdraft.models.loading import load_model
+
+
+def prompts_from(args: argparse.Namespace) -> list[str]:
+    """Held-out ShareGPT prompts (never trained on), or the first turns of dev prompts in some categories."""
+    if not args.dev:
+        return evaluation.heldout_prompts(load_prompts(None), args.count)
+    categories = set(args.categories.split(",")) if args.categories else None
+    rows = [json.loads(line) for line in open(args.dev)]
+    return [r["turns"][0] for r in rows if categories is None or r["category"] in categories][: args.count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--head", default="", help="head directory (default: the one shipped for the model)")
+    parser.add_argument("--dev", help="Spec-Bench style JSONL instead of the held-out ShareGPT prompts")
+    parser.add_argument("--categories", help="with --dev: comma list of categories to keep")
+    parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_model(args.model)
+    directory = head_directory(args.head, target.info.name)
+    engine = Engine(target, SpecConfig(drafter=f"head:{directory}", k=args.k))
+    steps = accepted = 0
+    by_position = torch.zeros(args.k)  # [k] steps whose i-th draft token was accepted
+    examples = []
+    for text in prompts_from(args):
+        prompt_ids = engine.encode(text, chat=bool(target.tokenizer.chat_template))
+        result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=args.max_new_tokens))
+        stats = result.stats
+        steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
+        by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
+        sequence = prompt_ids + list(result.token_ids)
+        _, hidden = target.runner.prefill(sequence, return_hidden=True)  # [T, d]
+        examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
+    forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
+    print(f"engine, k={args.k}: tau {(accepted + steps) / steps:.3f}, accepted by position (share of steps) "
+          f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}")
+    print(f"teacher-forced, same text: tau {forced['tau']:.3f}, conditional acceptance by position "
+          f"{' '.join(f'{a:.3f}' for a in forced['acceptance_by_position'])}")
+
+
+if __name__ == "__main__":
+    main()
