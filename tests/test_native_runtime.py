@@ -16,6 +16,7 @@ from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, Ll
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.native import kv_cache, native_runner_for
+from quickdraft.models.native.layers import AttentionWindow
 
 FP32_TOL = 1e-3
 LOW_PRECISION_TOL = {"bfloat16": 0.15, "int8": 0.3}
@@ -256,3 +257,17 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
         together = runner.forward([7, 8, 9, 10])  # [4, vocab]
         differences[context] = _max_diff(one_by_one, together)
     assert max(differences.values()) == 0.0, {c: d for c, d in differences.items() if d}
+
+
+def test_only_verification_forwards_past_the_window_attend_per_query():
+    """A prefill chunk keeps one masked product (only its last logits are returned); a verification
+    forward past the window uses per-query windows, batched once every query has W keys."""
+    def build(start, n, exact_rows):
+        return AttentionWindow.build(start, n, 512, 1, torch.float32, torch.device("cpu"), exact_rows)
+
+    prefill = build(600, 256, exact_rows=False)
+    assert prefill.size is None and prefill.rows == ()
+    assert build(600, 4, exact_rows=True).size == 512
+    assert build(505, 4, exact_rows=True).size is None and build(505, 4, exact_rows=True).rows == ()  # within the window
+    straddling = build(510, 4, exact_rows=True)
+    assert straddling.size is None and [row.begin for row in straddling.rows] == [0, 0, 1, 2]

@@ -11,7 +11,7 @@ import torch
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelInfo
 from quickdraft.models.native.kv_cache import KVCache
-from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm
+from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm, windowed_attention
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
 from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights
@@ -78,7 +78,7 @@ class NativeRunner:
         if self._cache.reserve(n):
             self._rope = self._rope_tables()
         x = self._embed(token_ids)  # [n, d]
-        windows = self._windows(start, n)
+        windows = self._windows(start, n, exact_rows=not last_only)  # rows whose logits are returned match 1-token forwards
         rope = {key: (table.cos[start:start + n], table.sin_signed[start:start + n]) for key, table in self._rope.items()}
         for i, layer in enumerate(self._weights.layers):
             x = self._layer(i, layer, x, start, windows[self.spec.layer_windows[i]], rope[self.spec.layer_rope[i]])
@@ -92,7 +92,10 @@ class NativeRunner:
         qk, values = self._attention_inputs(layer, x, rope)
         self._cache.write(i, start, qk[:, spec.num_heads:], values)
         queries = qk[:, :spec.num_heads]  # [n, H, hd]
-        if window.rows:  # each query over exactly its own window (see AttentionWindow.build)
+        if window.size:  # each query over exactly its own window (see AttentionWindow.build)
+            cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
+            attended = windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
+        elif window.rows:
             attended = torch.cat([attention(queries[j:j + 1], *self._cache.read(i, row.begin, start + j + 1), row,
                                             spec.attention_scale) for j, row in enumerate(window.rows)])
         else:
@@ -134,9 +137,9 @@ class NativeRunner:
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _windows(self, start: int, n: int) -> dict[int | None, AttentionWindow]:
+    def _windows(self, start: int, n: int, exact_rows: bool) -> dict[int | None, AttentionWindow]:
         groups = self.spec.num_heads // self.spec.num_kv_heads
-        return {w: AttentionWindow.build(start, n, w, groups, self.dtype, self.device)
+        return {w: AttentionWindow.build(start, n, w, groups, self.dtype, self.device, exact_rows)
                 for w in set(self.spec.layer_windows)}
 
     def _rope_tables(self) -> dict[str, RopeTable]:
