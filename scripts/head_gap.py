@@ -13,10 +13,10 @@ accepted run; the difference between the two on identical text is that selection
 """
 
 import argparse
-import json
 
 import torch
 
+from quickdraft.bench import dataset
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill import evaluation
 from quickdraft.distill.head_dir import load_head
@@ -31,9 +31,8 @@ def prompts_from(args: argparse.Namespace) -> list[str]:
     """Held-out ShareGPT prompts (never trained on), or the first turns of dev prompts in some categories."""
     if not args.dev:
         return evaluation.heldout_prompts(load_prompts(None), args.count)
-    categories = set(args.categories.split(",")) if args.categories else None
-    rows = [json.loads(line) for line in open(args.dev)]
-    return [r["turns"][0] for r in rows if categories is None or r["category"] in categories][: args.count]
+    categories = args.categories.split(",") if args.categories else None
+    return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.dev), categories)][: args.count]
 
 
 def main() -> None:

@@ -92,15 +92,13 @@ class NativeRunner:
         qk, values = self._attention_inputs(layer, x, rope)
         self._cache.write(i, start, qk[:, spec.num_heads:], values)
         queries = qk[:, :spec.num_heads]  # [n, H, hd]
-        if window.size:  # each query over exactly its own window (see AttentionWindow.build)
-            cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
-            attended = windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
-        elif window.rows:
+        if window.rows:  # one query at a time over exactly its own window (see AttentionWindow.build)
             attended = torch.cat([attention(queries[j:j + 1], *self._cache.read(i, row.begin, start + j + 1), row,
                                             spec.attention_scale) for j, row in enumerate(window.rows)])
         else:
             cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
-            attended = attention(queries, cached_keys, cached_values, window, spec.attention_scale)
+            attended = (windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
+                        if window.size else attention(queries, cached_keys, cached_values, window, spec.attention_scale))
         return self._attention_output_and_mlp(layer, x, attended)
 
     def _attention_inputs(self, layer: LayerWeights, x: torch.Tensor,
