@@ -1,6 +1,6 @@
 # Two entry points: `make demo` (set up, then a streamed speculative generation on the built-in
-# default model with its shipped draft head and n-gram lookup under --k auto, compared with the
-# target alone) and `make test` (set up, then the full suite).
+# default model with the default drafters, n-gram lookup and the model's shipped draft head under
+# --k auto, compared with the target alone) and `make test` (set up, then the full suite).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,7 +21,7 @@ $(INSTALLED): pyproject.toml
 
 demo: $(INSTALLED)
 	$(BIN)/quickdraft models fetch smollm2-135m-instruct
-	$(BIN)/quickdraft generate --chat --compare --max-new-tokens 96 --drafter ngram,head "$(DEMO_PROMPT)"
+	$(BIN)/quickdraft generate --chat --compare --max-new-tokens 96 "$(DEMO_PROMPT)"
 
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -q

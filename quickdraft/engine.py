@@ -25,6 +25,7 @@ from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecC
 from quickdraft.controller import AdaptiveController, Controller, ControllerMemory, FixedController, Plan
 from quickdraft.costs import calibrate_drafter, calibrate_target
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, is_lookup, make_drafter
+from quickdraft.drafters.defaults import default_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
@@ -71,15 +72,18 @@ class Engine:
 
     @classmethod
     def from_names(
-        cls, model: str = DEFAULT_MODEL, drafter: str = "ngram", k: int | Literal["auto"] = "auto", k_max: int = 8,
+        cls, model: str = DEFAULT_MODEL, drafter: str | None = None, k: int | Literal["auto"] = "auto", k_max: int = 8,
         runtime: str = "auto", dtype: str = "auto", device: str = "cpu", threads: int | None = None,
     ) -> "Engine":
-        """Load a target by name or path, prepare the drafters (see `SpecConfig`), and calibrate costs for k="auto"."""
+        """Load a target by name or path, prepare the drafters (see `SpecConfig`; None: `default_drafter` for the
+        target), and calibrate costs for k="auto"."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
-        spec = SpecConfig(drafter=drafter, k=k, k_max=k_max)
+        spec = SpecConfig(drafter=drafter or "ngram", k=k, k_max=k_max)  # checked before the slow load
         if config.threads:
             torch.set_num_threads(config.threads)
         target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)
+        if drafter is None:
+            spec = replace(spec, drafter=default_drafter(target, k))
         engine = cls(target, spec, DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device))
         for name in spec.drafters:
             engine.drafter(name)

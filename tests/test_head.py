@@ -1,6 +1,8 @@
 """The head drafter: its model, exactness in the engine, the reduced vocabulary, and target checks."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -13,6 +15,8 @@ from quickdraft.distill.head_dir import build_head, load_head, save_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig, KVCache
 from quickdraft.distill.quantize import Int8Linear, quantize_head
+from quickdraft.drafters import head as head_drafters
+from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.head import HeadDrafter
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
@@ -200,6 +204,23 @@ def test_head_drafter_from_a_directory_through_the_engine(tiny_models, tmp_path)
     assert config["target"]["vocab_size"] == target.info.vocab_size
 
 
+def test_default_drafter_adds_a_head_shipped_for_the_target_under_auto_only(tiny_models, tiny_dirs, tmp_path, monkeypatch):
+    """ngram alone by default; ngram,head under k=auto when a head for these very weights ships under the target's name."""
+    monkeypatch.setattr(head_drafters, "SHIPPED_HEADS", tmp_path)
+    llama, gemma = tiny_models["llama"], tiny_models["gemma3"]
+    assert default_drafter(llama, "auto") == "ngram"  # nothing ships yet
+    save_head(tmp_path / "llama", random_head(llama), target_identity(llama))
+    save_head(tmp_path / "gemma3", random_head(llama), target_identity(llama))  # the right name, the wrong weights
+    assert default_drafter(llama, "auto") == "ngram,head"
+    assert default_drafter(llama, 4) == "ngram"  # a fixed k drives one drafter
+    assert default_drafter(gemma, "auto") == "ngram"
+    engine = Engine.from_names(str(tiny_dirs["llama"]), runtime="hf")  # a directory named like the shipped head
+    assert engine.spec.drafter == "ngram,head"
+    expected = Engine(llama, SpecConfig(drafter="none")).generate("Once upon a time", GREEDY)
+    assert engine.generate("Once upon a time", GREEDY).token_ids == expected.token_ids
+    assert Engine.from_names(str(tiny_dirs["llama"]), runtime="hf", k=3).spec.drafter == "ngram"
+
+
 @pytest.mark.real_model
 def test_shipped_head_loads_against_its_target_and_refuses_another(builtin_model_dir):
     from quickdraft.models.loading import load_model_dir
@@ -214,3 +235,18 @@ def test_shipped_head_loads_against_its_target_and_refuses_another(builtin_model
     other = load_model_dir(builtin_model_dir("gemma-3-270m"), runtime="hf", name="gemma-3-270m")
     with pytest.raises(UsageError, match="trained for target smollm2-135m-instruct"):
         Engine(other, SpecConfig(drafter="head:smollm2-135m-instruct")).drafter("head:smollm2-135m-instruct")
+
+
+@pytest.mark.real_model
+def test_generate_by_default_drafts_with_ngram_and_the_shipped_head(builtin_model_dir):
+    """`quickdraft generate` with no --drafter on the built-in model: both drafters under k=auto, output unchanged."""
+    builtin_model_dir("smollm2-135m-instruct")
+    out = subprocess.run(
+        [sys.executable, "-m", "quickdraft", "generate", "--chat", "--json", "--compare", "--max-new-tokens", "32", "--threads", "1",
+         "Write two sentences about a lighthouse keeper."],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert (report["drafter"], report["k"]) == ("ngram,head", "auto")
+    assert report["identical"] is True

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
-    parser.add_argument("--drafter", default="ngram", help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head (default ngram)")
+    parser.add_argument("--drafter", default=None, help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head (default: ngram, joined under --k auto by the head shipped for the target if there is one)")
     parser.add_argument("--k", type=parse_k, default="auto", help="draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) or a fixed N (default auto)")
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
     parser.add_argument("--runtime", default="auto", choices=RUNTIMES, help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
@@ -52,8 +52,14 @@ def parse_k(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
+def check_spec(args: argparse.Namespace) -> None:
+    """--drafter, --k and --k-max, checked before any model loads (no --drafter: the engine picks one for the target)."""
+    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)
+
+
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
+    check_spec(args)
     engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     if args.compare:
@@ -61,16 +67,15 @@ def run(args: argparse.Namespace) -> int:
     result = engine.generate(prompt_ids, params) if args.json else _stream_to_stdout(engine, prompt_ids, params)
     baseline = engine.generate(prompt_ids, params, spec=engine.with_spec(drafter="none")) if args.compare else None
     if args.json:
-        print(json.dumps(_json_report(result, baseline)))
+        print(json.dumps(_json_report(engine.spec, result, baseline)))
     else:
-        _print_report(result, baseline)
+        _print_report(engine.spec, result, baseline)
     return 0
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty; pass some text to continue")
-    SpecConfig(drafter=args.drafter, k=args.k, k_max=args.k_max)  # validate before loading models
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
@@ -88,8 +93,8 @@ def _stream_to_stdout(engine: Engine, prompt_ids: list[int], params: SamplingPar
     raise AssertionError("stream ended without a Finished event")
 
 
-def _json_report(result: Finished, baseline: Finished | None) -> dict:
-    report = {"text": result.text, "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+def _json_report(spec: SpecConfig, result: Finished, baseline: Finished | None) -> dict:
+    report = {"text": result.text, "finish_reason": result.finish_reason, "drafter": spec.drafter, "k": spec.k, "stats": result.stats.to_dict()}
     if baseline is not None:
         report["stats"]["baseline_tokens_per_second"] = baseline.stats.tokens_per_second
         report.update(
@@ -104,13 +109,13 @@ def _speedup(spec: GenerationStats, baseline: GenerationStats) -> float:
     return spec.tokens_per_second / baseline.tokens_per_second if baseline.tokens_per_second else 0.0
 
 
-def _print_report(result: Finished, baseline: Finished | None) -> None:
+def _print_report(spec: SpecConfig, result: Finished, baseline: Finished | None) -> None:
     stats = result.stats
     positions = " ".join(f"{rate:.2f}" for rate in stats.acceptance_by_position) or "-"
     lines = [
         "",
         f"--- {stats.generated_tokens} tokens in {stats.total_seconds:.2f} s: {stats.tokens_per_second:.1f} tok/s "
-        f"(finish: {result.finish_reason})",
+        f"(finish: {result.finish_reason}; drafter {spec.drafter}, k {spec.k})",
         f"target forwards {stats.target_forwards}, drafted {stats.draft_tokens}, accepted {stats.accepted_tokens} "
         f"(acceptance {stats.acceptance_rate:.1%}), mean accepted length tau {stats.mean_accepted_length:.2f}",
         f"acceptance by draft position: {positions}",

@@ -11,8 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from quickdraft.commands.generate_cmd import add_model_arguments
-from quickdraft.config import SpecConfig
+from quickdraft.commands.generate_cmd import add_model_arguments, check_spec
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.server import create_app
 
     settings = server_settings(args)
-    SpecConfig(drafter=args.drafter, k=args.k, k_max=args.k_max)  # validate before listening
+    check_spec(args)  # before listening
     _check_port(args.port)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
-        model_name=args.served_model_name or args.model, drafter=args.drafter, api_key=_api_key(args),
+        model_name=args.served_model_name or args.model, api_key=_api_key(args),
         max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, default_max_tokens=args.max_tokens,
     )
 
@@ -88,7 +87,7 @@ def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Except
     host = f"[{args.host}]" if ":" in args.host else args.host
     key_note = "; send 'Authorization: Bearer KEY'" if args.api_key or args.api_key_file else ""
     print(
-        f"quickdraft: serving {app.state.quickdraft.settings.model_name} (drafter {args.drafter}, k {args.k}) "
+        f"quickdraft: serving {app.state.quickdraft.settings.model_name} (drafter {engine.spec.drafter}, k {engine.spec.k}) "
         f"at http://{host}:{args.port}/v1{key_note}",
         flush=True,
     )

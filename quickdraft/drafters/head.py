@@ -20,7 +20,8 @@ import torch
 
 from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.head_dir import load_head
+from quickdraft.distill.head_dir import load_head, read_config
+from quickdraft.distill.identity import check_target
 from quickdraft.distill.model import DraftHead, KVCache
 from quickdraft.distill.quantize import quantize_head
 from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
@@ -95,6 +96,18 @@ class HeadDrafter:
         full[self.vocab_ids] = logits
         probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
         return int(sampling.sample(probs[None], self._generator)), probs
+
+
+def shipped_head_for(target: LoadedModel) -> Path | None:
+    """The head shipped for this target, if one ships under its name and was trained on these very weights."""
+    directory = SHIPPED_HEADS / Path(target.info.name).name
+    if not directory.is_dir():
+        return None
+    try:
+        check_target(read_config(directory)["target"], target, str(directory))
+    except UsageError:  # another model of the same name, or a runner that cannot show its weights
+        return None
+    return directory
 
 
 def head_directory(argument: str, target_name: str) -> Path:

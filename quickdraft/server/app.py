@@ -116,7 +116,7 @@ async def _answer(
     """Queue the job, then stream it or wait for it; the job is cancelled if the client leaves."""
     engine = worker.engine
     budget = generation.output_budget(body, len(prompt_ids), engine.target.info.max_context, state.settings.default_max_tokens)
-    spec = generation.spec_config(body, engine, state.settings)
+    spec = generation.spec_config(body, engine)
     job = Job(prompt_ids, generation.sampling_params(body, budget), spec)
     try:
         worker.submit(job)

@@ -74,13 +74,14 @@ def sampling_params(request: GenerationRequest, max_new_tokens: int) -> Sampling
     )
 
 
-def spec_config(request: GenerationRequest, engine: Engine, settings: ServerSettings) -> SpecConfig:
+def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
     """The engine's speculation config with the request's `quickdraft` overrides."""
     options = request.quickdraft
     if options is None:
         return engine.spec
-    if options.drafter is not None and options.drafter not in settings.request_drafters:
-        allowed = ", ".join(sorted(settings.request_drafters))
+    allowed_drafters = {"none", "ngram", engine.spec.drafter}  # never a path: request content never names a file
+    if options.drafter is not None and options.drafter not in allowed_drafters:
+        allowed = ", ".join(sorted(allowed_drafters))
         raise invalid(f"quickdraft.drafter must be one of {allowed}, got {options.drafter!r}", param="quickdraft.drafter")
     changes = {"drafter": options.drafter, "k": options.k}
     return engine.with_spec(**{name: value for name, value in changes.items() if value is not None})

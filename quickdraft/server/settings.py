@@ -12,7 +12,6 @@ class ServerSettings:
     """Validated settings of one server process."""
 
     model_name: str  # the name clients pass as `model`; listed by GET /v1/models
-    drafter: str = "ngram"  # the engine's default drafter; requests may also pick "none" or "ngram"
     api_key: str | None = None  # when set, every route except /health needs `Authorization: Bearer KEY`
     max_queue: int = 16  # requests that may wait while one runs; one more is answered 429 at once
     max_body_bytes: int = 1 << 20  # larger request bodies are answered 413
@@ -24,11 +23,6 @@ class ServerSettings:
         _require(self.max_queue >= 0, f"max_queue must be >= 0, got {self.max_queue}")
         _require(self.max_body_bytes >= 1024, f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         _require(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-
-    @property
-    def request_drafters(self) -> frozenset[str]:
-        """Drafters a request may choose: never a path, so request content never names a file."""
-        return frozenset({"none", "ngram", self.drafter})
 
 
 def _require(condition: bool, message: str) -> None:
