@@ -1,0 +1,101 @@
+"""Replay `--k auto` and every fixed k on a bench-adaptive run's recorded outputs, priced by its cost model.
+
+    python scripts/replay_controller.py bench-out/adaptive-q5-smollm2-135m-instruct --prompts ../shared/data/specbench_dev.jsonl --per-category 3
+
+Measured tokens/s on a shared 2-core machine swings by 10-20% between runs of identical work, which
+is as large as the differences between auto and the best fixed k. This takes timing out: the
+target's greedy output of each quality prompt (recorded by `quickdraft bench-adaptive`) is decoded
+again step by step with the real n-gram drafter and the real controller, a step over n tokens costs
+v(n) = t(n) / t(1) from the run's final cost model, and greedy verification is exact replay (a draft
+token is accepted when it equals the recorded token). Prompts run in the bench's order with one
+controller memory, as in the bench. Printed per category: decode speed in tokens per t(1), which is
+the decode speedup over the target alone (the prefill is left out: it is the same for every
+setting), and auto over the best fixed k.
+What the replay cannot see: the drafting and controller time (small for n-gram) and any cost the
+model does not capture (the real t(n) grows with the context).
+"""
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from quickdraft.bench.dataset import load_prompts, select_prompts
+from quickdraft.config import SpecConfig
+from quickdraft.controller import AdaptiveController, ControllerMemory
+from quickdraft.costs import TargetCost
+from quickdraft.drafters.base import Draft
+from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.models.store import local_model_dir
+from quickdraft.text import encode_prompt
+from quickdraft.verify import Verdict
+
+FIXED_KS = (1, 2, 3, 4, 6, 8)
+
+
+def replay(prompt_ids: list[int], output: list[int], v: list[float], k: int | None, memory: ControllerMemory) -> float:
+    """Cost in t(1) units of decoding `output` after `prompt_ids` with fixed k (or auto when None)."""
+    spec = SpecConfig()
+    ngram = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
+    controller = AdaptiveController({"ngram": ngram}, memory, len(v) - 1) if k is None else None
+    position, cost = 1, 0.0  # the prefill produced output[0]
+    while position < len(output):
+        context = prompt_ids + output[:position]
+        remaining = len(output) - position
+        if controller is None:
+            draft = ngram.propose(context, min(k, remaining))
+        else:
+            plan = controller.plan(context, remaining)
+            draft = plan.lookups["ngram"].truncated(plan.k) if plan.drafter else Draft(token_ids=())
+        accepted = 0
+        while accepted < len(draft) and draft.token_ids[accepted] == output[position + accepted]:
+            accepted += 1
+        tokens = tuple(output[position : position + accepted + 1])
+        if controller is not None:
+            controller.observe(plan, draft, Verdict(accepted, tokens), 0.0, v[len(draft)])
+        cost += v[len(draft)]
+        position += len(tokens)
+    if controller is not None:
+        controller.finish()
+    return cost
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path, help="a quickdraft bench-adaptive --out directory with the quality case")
+    parser.add_argument("--prompts", required=True, help="the JSONL file the run used")
+    parser.add_argument("--per-category", type=int, default=2, help="the run's --per-category (default 2)")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="the run's --model (its tokenizer renders the prompts)")
+    args = parser.parse_args()
+    raw = json.loads((args.run / "adaptive-raw.json").read_text())
+    v = json.loads((args.run / "adaptive.json").read_text())["results"]["quality"]["costs"]["end"]["v"]  # [k_max + 1]
+    outputs = {m["prompt"]: m["token_ids"] for m in raw if m["case"] == "quality" and m["setting"] == "target" and m["round"] == 0}
+    tokenizer = AutoTokenizer.from_pretrained(local_model_dir(args.model))
+    prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category)
+    chat = bool(tokenizer.chat_template)  # as bench-adaptive: a base model without a template sees plain text
+    encoded = [encode_prompt(tokenizer, p.first_turn, chat, args.model) for p in prompts]
+    settings = {f"k={k}": k for k in FIXED_KS} | {"auto": None}
+    memory = ControllerMemory(TargetCost(v))
+    speeds = {}  # setting -> category -> tokens per t(1)
+    for label, k in settings.items():
+        cost, tokens = defaultdict(float), defaultdict(int)
+        for index, prompt in enumerate(prompts):
+            output = outputs[index]
+            if len(output) > 1:
+                cost[prompt.category] += replay(encoded[index], output, v, k, memory)
+                tokens[prompt.category] += len(output) - 1
+        cost["overall"], tokens["overall"] = sum(cost.values()), sum(tokens.values())
+        speeds[label] = {category: tokens[category] / cost[category] for category in cost}
+    print(f"cost model v(n) = t(n)/t(1), n = 1..: {' '.join(f'{x:.2f}' for x in v)}")
+    print("| category | " + " | ".join(settings) + " | auto / best fixed |")
+    print("|---" * (len(settings) + 2) + "|")
+    for category in speeds["auto"]:
+        best = max(speeds[label][category] for label in settings if label != "auto")
+        row = " | ".join(f"{speeds[label][category]:.3f}" for label in settings)
+        print(f"| {category} | {row} | {speeds['auto'][category] / best:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
