@@ -2,17 +2,14 @@
 
     python scripts/replay_controller.py bench-out/adaptive-q5-smollm2-135m-instruct --prompts ../shared/data/specbench_dev.jsonl --per-category 3
 
-Measured tokens/s on a shared 2-core machine swings by 10-20% between runs of identical work, which
-is as large as the differences between auto and the best fixed k. This takes timing out: the
-target's greedy output of each quality prompt (recorded by `quickdraft bench-adaptive`) is decoded
-again step by step with the real n-gram drafter and the real controller, a step over n tokens costs
-v(n) = t(n) / t(1) from the run's final cost model, and greedy verification is exact replay (a draft
-token is accepted when it equals the recorded token). Prompts run in the bench's order with one
-controller memory, as in the bench. Printed per category: decode speed in tokens per t(1), which is
-the decode speedup over the target alone (the prefill is left out: it is the same for every
-setting), and auto over the best fixed k.
-What the replay cannot see: the drafting and controller time (small for n-gram) and any cost the
-model does not capture (the real t(n) grows with the context).
+Timing noise on a shared 2-core machine is as large as the differences between auto and the best
+fixed k; this takes it out (`quickdraft.bench.replay`). Each quality prompt's recorded target
+output is decoded again by each policy, a step over n tokens costs v(n) = t(n) / t(1) from the
+run's final cost model, and prompts run in the bench's order with one controller memory, as in the
+bench. Printed per category: decode speed in tokens per t(1), which is the decode speedup over the
+target alone (the prefill is left out: it is the same for every setting), and auto over the best
+fixed k. Not seen: drafting and controller time (small for n-gram), and anything the cost model
+misses (the real t(n) grows with the context).
 """
 
 import argparse
@@ -23,43 +20,14 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from quickdraft.bench.dataset import load_prompts, select_prompts
+from quickdraft.bench.replay import replay
 from quickdraft.config import SpecConfig
-from quickdraft.controller import AdaptiveController, ControllerMemory
+from quickdraft.controller import ControllerMemory
 from quickdraft.costs import TargetCost
-from quickdraft.drafters.base import Draft
-from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.models.store import local_model_dir
 from quickdraft.text import encode_prompt
-from quickdraft.verify import Verdict
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
-
-
-def replay(prompt_ids: list[int], output: list[int], v: list[float], k: int | None, memory: ControllerMemory) -> float:
-    """Cost in t(1) units of decoding `output` after `prompt_ids` with fixed k (or auto when None)."""
-    spec = SpecConfig()
-    ngram = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
-    controller = AdaptiveController({"ngram": ngram}, memory, len(v) - 1) if k is None else None
-    position, cost = 1, 0.0  # the prefill produced output[0]
-    while position < len(output):
-        context = prompt_ids + output[:position]
-        remaining = len(output) - position
-        if controller is None:
-            draft = ngram.propose(context, min(k, remaining))
-        else:
-            plan = controller.plan(context, remaining)
-            draft = plan.lookups["ngram"].truncated(plan.k) if plan.drafter else Draft(token_ids=())
-        accepted = 0
-        while accepted < len(draft) and draft.token_ids[accepted] == output[position + accepted]:
-            accepted += 1
-        tokens = tuple(output[position : position + accepted + 1])
-        if controller is not None:
-            controller.observe(plan, draft, Verdict(accepted, tokens), 0.0, v[len(draft)])
-        cost += v[len(draft)]
-        position += len(tokens)
-    if controller is not None:
-        controller.finish()
-    return cost
 
 
 def main() -> None:
@@ -84,7 +52,8 @@ def main() -> None:
         for index, prompt in enumerate(prompts):
             output = outputs[index]
             if len(output) > 1:
-                cost[prompt.category] += replay(encoded[index], output, v, k, memory)
+                steps = replay(encoded[index], output, k, memory, SpecConfig(k_max=len(v) - 1))
+                cost[prompt.category] += sum(v[drafted] for drafted in steps)
                 tokens[prompt.category] += len(output) - 1
         cost["overall"], tokens["overall"] = sum(cost.values()), sum(tokens.values())
         speeds[label] = {category: tokens[category] / cost[category] for category in cost}

@@ -3,10 +3,17 @@
 import json
 from dataclasses import replace
 
+import pytest
 from PIL import Image
 
 from quickdraft.bench.adaptive import Measurement, load_raw, same_work_timing
+from quickdraft.bench.replay import replay
 from quickdraft.cli import main
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.controller import ControllerMemory
+from quickdraft.costs import TargetCost
+from quickdraft.engine import Engine
+from quickdraft.models.loading import load_model_dir
 from tests.test_bench import PROMPTS, write_jsonl
 
 KS = [1, 3]
@@ -55,3 +62,30 @@ def test_an_unknown_case_is_a_usage_error(tmp_path, capsys):
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     assert main(["bench-adaptive", "--prompts", str(dataset), "--cases", "speed", "--out", str(tmp_path / "out")]) == 2
     assert "--cases must name safety and/or quality" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def smollm2(builtin_model_dir):
+    return load_model_dir(builtin_model_dir("smollm2-135m-instruct"), name="smollm2-135m-instruct")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_replaying_a_fixed_k_takes_exactly_the_engines_steps(smollm2, k):
+    """The replay behind scripts/replay_controller.py drafts and accepts as the engine did on the same output."""
+    engine = Engine(smollm2, SpecConfig(drafter="ngram", k=k))
+    prompt_ids = engine.encode("Rewrite in the past tense: I walk to the market, I buy bread, I talk with the baker.", chat=True)
+    result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
+    assert result.stats.accepted_tokens > 0
+    memory = ControllerMemory(TargetCost([1.0] * 9))
+    assert replay(prompt_ids, result.token_ids, k, memory) == result.stats.k_per_step
+
+
+def test_replaying_auto_follows_the_cost_model():
+    """Output that repeats its prompt: cheap verification makes auto draft long; a linear cost makes it stop drafting."""
+    prompt_ids = list(range(10, 30))
+    output = list(range(10, 30)) * 3
+    cheap = replay(prompt_ids, output, None, ControllerMemory(TargetCost([1.0] * 9)))
+    linear = replay(prompt_ids, output, None, ControllerMemory(TargetCost([float(n) for n in range(1, 10)])))
+    assert max(cheap) == 8 and len(cheap) < len(output) / 4
+    assert sum(1 for drafted in linear if drafted == 0) > len(linear) / 2
