@@ -139,3 +139,26 @@ def test_cancelling_a_running_job_stops_it_at_the_next_step():
     engine, outcome = asyncio.run(cancel_after_first_delta())
     assert isinstance(outcome, Cancelled)
     assert engine.closed.is_set()
+
+
+def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_the_first(tiny_models):
+    """The default on a model with a shipped head is ngram,head under auto; {"k": 2} alone then means ngram at k=2."""
+    from quickdraft.drafters.head import HeadDrafter
+    from tests.test_head import random_head
+
+    target = tiny_models["llama"]
+    engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"))
+    engine.add_drafter("head-test", HeadDrafter(random_head(target), target.info.vocab_size, "head-test"))
+    app = create_app(ServerSettings(model_name="tiny"))
+    expected = engine.generate("The dog sleeps. The dog", SamplingParams(max_new_tokens=12)).text
+    with TestClient(app) as http:
+        attach_engine(app, engine)
+        body = {"model": "tiny", "prompt": "The dog sleeps. The dog", "max_tokens": 12, "temperature": 0}
+        for options, drafter, k in (({"k": 2}, "ngram", 2), ({}, "ngram,head-test", "auto"), ({"drafter": "ngram,head-test"}, "ngram,head-test", "auto")):
+            response = http.post("/v1/completions", json=body | {"quickdraft": options})
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] == expected
+            speculation = response.json()["speculation"]
+            assert (speculation["drafter"], speculation["k"]) == (drafter, k), options
+        refused = http.post("/v1/completions", json=body | {"quickdraft": {"drafter": "head-test", "k": 2}})
+        assert refused.status_code == 400 and "quickdraft.drafter must be one of" in refused.json()["error"]["message"]

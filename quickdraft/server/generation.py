@@ -75,7 +75,8 @@ def sampling_params(request: GenerationRequest, max_new_tokens: int) -> Sampling
 
 
 def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
-    """The engine's speculation config with the request's `quickdraft` overrides."""
+    """The engine's speculation config with the request's `quickdraft` overrides (a fixed k alone, on a server
+    drafting with several drafters under auto, keeps the first of them)."""
     options = request.quickdraft
     if options is None:
         return engine.spec
@@ -83,7 +84,10 @@ def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
     if options.drafter is not None and options.drafter not in allowed_drafters:
         allowed = ", ".join(sorted(allowed_drafters))
         raise invalid(f"quickdraft.drafter must be one of {allowed}, got {options.drafter!r}", param="quickdraft.drafter")
-    changes = {"drafter": options.drafter, "k": options.k}
+    drafter = options.drafter
+    if drafter is None and isinstance(options.k, int) and len(engine.spec.drafters) > 1:
+        drafter = engine.spec.drafters[0]  # a fixed k drives one drafter: the first of the server's (ngram by default)
+    changes = {"drafter": drafter, "k": options.k}
     return engine.with_spec(**{name: value for name, value in changes.items() if value is not None})
 
 
