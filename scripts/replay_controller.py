@@ -19,6 +19,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from quickdraft.bench.adaptive_report import fixed_labels
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.replay import replay
 from quickdraft.config import SpecConfig
@@ -26,8 +27,6 @@ from quickdraft.controller import ControllerMemory
 from quickdraft.costs import TargetCost
 from quickdraft.models.store import local_model_dir
 from quickdraft.text import encode_prompt
-
-FIXED_KS = (1, 2, 3, 4, 6, 8)
 
 
 def main() -> None:
@@ -38,13 +37,14 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the run's --model (its tokenizer renders the prompts)")
     args = parser.parse_args()
     raw = json.loads((args.run / "adaptive-raw.json").read_text())
-    v = json.loads((args.run / "adaptive.json").read_text())["results"]["quality"]["costs"]["end"]["v"]  # [k_max + 1]
+    quality = json.loads((args.run / "adaptive.json").read_text())["results"]["quality"]
+    v = quality["costs"]["end"]["v"]  # [k_max + 1]
     outputs = {m["prompt"]: m["token_ids"] for m in raw if m["case"] == "quality" and m["setting"] == "target" and m["round"] == 0}
     tokenizer = AutoTokenizer.from_pretrained(local_model_dir(args.model))
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category)
     chat = bool(tokenizer.chat_template)  # as bench-adaptive: a base model without a template sees plain text
     encoded = [encode_prompt(tokenizer, p.first_turn, chat, args.model) for p in prompts]
-    settings = {f"k={k}": k for k in FIXED_KS} | {"auto": None}
+    settings = {label: int(label[2:]) for label in fixed_labels(quality["speeds"]["overall"])} | {"auto": None}  # the run's fixed ks
     memory = ControllerMemory(TargetCost(v))
     speeds = {}  # setting -> category -> tokens per t(1)
     for label, k in settings.items():

@@ -14,8 +14,8 @@ With `repeats` > 1 every prompt is run that many rounds (the rotation shifts eac
 its time (prefill included), summed over the prompts of a category (or of the case), by two clocks:
 wall time, what a user waits, and the process's CPU time, which other processes' load on a shared
 machine does not inflate (with N torch threads busy it runs about N times the wall clock, so the
-speedups by the two clocks agree when the machine is otherwise idle). Every setting must produce the same tokens as the target alone; the
-report says so or lists the generations where it did not.
+speedups by the two clocks agree when the machine is otherwise idle). Every setting must produce
+the same tokens as the target alone; the report says so or lists the generations where it did not.
 """
 
 import json

@@ -52,14 +52,8 @@ def parse_k(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
-def check_spec(args: argparse.Namespace) -> None:
-    """--drafter, --k and --k-max, checked before any model loads (no --drafter: the engine picks one for the target)."""
-    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)
-
-
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    check_spec(args)
     engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     if args.compare:

@@ -11,7 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
-from quickdraft.commands.generate_cmd import add_model_arguments, check_spec
+from quickdraft.commands.generate_cmd import add_model_arguments
+from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.server import create_app
 
     settings = server_settings(args)
-    check_spec(args)  # before listening
+    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)  # checked before listening (no --drafter: chosen once the target loads)
     _check_port(args.port)
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(
