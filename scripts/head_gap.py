@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from quickdraft.bench import dataset
-from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.config import DTYPES, SamplingParams, SpecConfig
 from quickdraft.distill import evaluation
 from quickdraft.distill.head_dir import load_head
 from quickdraft.distill.prompts import load_prompts
@@ -45,10 +45,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="target weights (the head trains on bfloat16 states)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_model(args.model)
+    target = load_model(args.model, dtype=args.dtype)
     directory = head_directory(args.head, target.info.name)
     engine = Engine(target, SpecConfig(drafter=f"head:{directory}", k=args.k))
     steps = accepted = 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from quickdraft.bench.adaptive_report import fixed_labels
+from quickdraft.bench.adaptive_report import fixed_k, fixed_labels
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.replay import replay
 from quickdraft.config import SpecConfig
@@ -44,7 +44,9 @@ def main() -> None:
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category)
     chat = bool(tokenizer.chat_template)  # as bench-adaptive: a base model without a template sees plain text
     encoded = [encode_prompt(tokenizer, p.first_turn, chat, args.model) for p in prompts]
-    settings = {label: int(label[2:]) for label in fixed_labels(quality["speeds"]["overall"])} | {"auto": None}  # the run's fixed ks
+    if quality.get("drafters", ["ngram"]) != ["ngram"]:
+        parser.error(f"{args.run} compared {', '.join(quality['drafters'])}; the replay covers runs with the n-gram drafter alone")
+    settings = {label: fixed_k(label) for label in fixed_labels(quality["speeds"]["overall"])} | {"auto": None}  # the run's fixed ks
     memory = ControllerMemory(TargetCost(v))
     speeds = {}  # setting -> category -> tokens per t(1)
     for label, k in settings.items():

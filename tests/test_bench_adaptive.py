@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from quickdraft.bench.adaptive import Measurement, load_raw, same_work_timing
+from quickdraft.bench.adaptive_report import fixed_drafter, fixed_labels
 from quickdraft.bench.replay import replay
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams, SpecConfig
@@ -43,6 +44,27 @@ def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(t
     assert same == same_work_timing([m for m in raw if m.case == "quality"], same["reference"])
     report = (out / "adaptive.md").read_text()
     assert "### Safety" in report and "### Quality" in report and "Timing noise:" in report and report in capsys.readouterr().out
+    assert Image.open(out / "adaptive.png").size[0] > 0
+
+
+def test_quality_with_several_drafters_runs_each_alone_at_every_k_and_auto_over_all(tmp_path, tiny_dirs, capsys):
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    draft = str(tiny_dirs["llama-other"])
+    out = tmp_path / "out"
+    argv = ["bench-adaptive", "--model", str(tiny_dirs["llama"]), "--prompts", str(dataset), "--cases", "quality",
+            "--drafters", f"ngram,{draft}", "--ks", ",".join(map(str, KS)), "--per-category", "1", "--max-new-tokens", "12",
+            "--threads", "1", "--runtime", "native", "--dtype", "float32", "--out", str(out)]
+    assert main(argv) == 0
+    quality = json.loads((out / "adaptive.json").read_text())["results"]["quality"]
+    fixed = [f"{drafter} k={k}" for drafter in (draft, "ngram") for k in KS]
+    assert fixed_labels(quality["speeds"]["overall"]) == fixed
+    assert quality["drafters"] == ["ngram", draft] and quality["mismatches"] == []
+    auto_steps = {name for m in load_raw(out / "adaptive-raw.json") if m.setting == "auto" for name in m.drafter_steps}
+    assert auto_steps <= {"none", "ngram", draft}
+    for m in load_raw(out / "adaptive-raw.json"):
+        if m.setting in fixed:
+            assert set(m.drafter_steps) <= {"none", fixed_drafter(m.setting)}, "a fixed setting drafts with its one drafter"
+    assert f"### Quality: ngram, {draft} on the dev prompts" in (out / "adaptive.md").read_text()
     assert Image.open(out / "adaptive.png").size[0] > 0
 
 

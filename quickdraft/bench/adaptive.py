@@ -6,8 +6,10 @@ the order of the settings rotates from prompt to prompt so drifting machine load
 - safety: a drafter that cannot help, a random-weight draft model built from the target's own
   config (fewer layers) and tokenizer. Goal: auto >= 0.95x the target alone, where a fixed k = 4
   is clearly slower.
-- quality: the ngram drafter on the dev prompts, per category. Goal: auto >= 0.95x the best fixed
-  k of each category (chosen in hindsight), and faster than every single fixed k overall.
+- quality: the ngram drafter (or several drafters, `--drafters ngram,head`) on the dev prompts,
+  per category. Each drafter runs alone at every fixed k; auto chooses among all of them per step.
+  Goal: auto >= 0.95x the best fixed setting of each category (chosen in hindsight), and faster
+  than every single fixed setting overall.
 
 With `repeats` > 1 every prompt is run that many rounds (the rotation shifts each round) and each
 (prompt, setting) keeps its median time. Tokens per second of a setting = its generated tokens /
@@ -42,7 +44,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 @dataclass(frozen=True)
 class Setting:
-    label: str  # "target", "k=4", "auto"
+    label: str  # "target", "k=4" (or "ngram k=4" when several drafters are compared), "auto"
     spec: SpecConfig
 
 
@@ -63,10 +65,12 @@ class Measurement:
     drafter_steps: dict[str, int]
 
 
-def settings(drafter: str, ks: list[int], k_max: int) -> list[Setting]:
-    """Target alone, each fixed k, and auto, all with `drafter`."""
-    fixed = [Setting(f"k={k}", SpecConfig(drafter=drafter, k=k)) for k in ks]
-    return [Setting(TARGET, SpecConfig(drafter="none", k=0)), *fixed, Setting(AUTO, SpecConfig(drafter=drafter, k="auto", k_max=k_max))]
+def settings(drafters: list[str], ks: list[int], k_max: int) -> list[Setting]:
+    """Target alone, each drafter alone at each fixed k, and auto choosing among all the drafters."""
+    several = len(drafters) > 1
+    fixed = [Setting(f"{drafter} k={k}" if several else f"k={k}", SpecConfig(drafter=drafter, k=k)) for drafter in drafters for k in ks]
+    auto = Setting(AUTO, SpecConfig(drafter=",".join(drafters), k="auto", k_max=k_max))
+    return [Setting(TARGET, SpecConfig(drafter="none", k=0)), *fixed, auto]
 
 
 def random_draft_dir(target_dir: Path, out_dir: Path, layers: int, seed: int = 0) -> Path:

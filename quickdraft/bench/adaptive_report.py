@@ -1,8 +1,9 @@
 """Markdown tables, goal checks and a plot for `quickdraft bench-adaptive` results.
 
 `results` is {case: {"speeds" | "cpu_speeds": {group: {setting: tokens/s}}, "mismatches": [...],
-"adaptation": {...}, "same_work": {...}, "costs": {...}}} with cases "safety" and/or "quality"; settings are "target",
-"k=N" and "auto"; "speeds" are by wall time, "cpu_speeds" by the process's CPU time.
+"adaptation": {...}, "same_work": {...}, "costs": {...}, "drafters": [...]}} with cases "safety" and/or "quality";
+settings are "target", "k=N" ("DRAFTER k=N" when several drafters were compared) and "auto"; "speeds" are
+by wall time, "cpu_speeds" by the process's CPU time.
 """
 
 from pathlib import Path
@@ -19,8 +20,18 @@ QUALITY_GOAL = 0.95  # auto / best fixed k of the category
 
 
 def fixed_labels(speeds: dict[str, float]) -> list[str]:
-    """The fixed-k settings, by increasing k."""
-    return sorted((s for s in speeds if s.startswith("k=")), key=lambda s: int(s[2:]))
+    """The fixed-k settings, by drafter, then by increasing k."""
+    return sorted((s for s in speeds if s not in (TARGET, AUTO)), key=lambda s: (fixed_drafter(s), fixed_k(s)))
+
+
+def fixed_k(label: str) -> int:
+    """k of a fixed setting: "k=3" or "ngram k=3" -> 3."""
+    return int(label.rpartition("=")[2])
+
+
+def fixed_drafter(label: str) -> str:
+    """The drafter named in a fixed setting's label ("ngram k=3" -> "ngram"); "" when only one drafter was compared."""
+    return label.rpartition(" ")[0]
 
 
 def markdown(results: dict, command: str) -> str:
@@ -54,7 +65,7 @@ def _safety_section(case: dict) -> list[str]:
 
 
 def _quality_section(case: dict) -> list[str]:
-    lines = ["### Quality: ngram on the dev prompts", ""]
+    lines = [f"### Quality: {', '.join(case.get('drafters', ['ngram']))} on the dev prompts", ""]
     for key, clock in CLOCKS.items():
         lines += _quality_table(case[key], clock)
     return lines + [_adaptation_line(case["adaptation"]), _same_work_line(case["same_work"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
@@ -133,12 +144,19 @@ def plot(results: dict, path: Path) -> None:
 
 
 def _plot_case(axis, speeds: dict[str, dict[str, float]], include_categories: bool) -> None:
-    groups = [g for g in speeds if g != "overall"] + ["overall"] if include_categories else ["overall"]
+    """One line per category and drafter; with several drafters only the overall lines, one colour each."""
+    drafters = sorted({fixed_drafter(s) for s in fixed_labels(speeds["overall"])})
+    several = len(drafters) > 1
+    groups = [g for g in speeds if g != "overall"] + ["overall"] if include_categories and not several else ["overall"]
     for group in groups:
         row = speeds[group]
-        labels = fixed_labels(row)
-        style = dict(linewidth=2.5, color="black") if group == "overall" else dict(linewidth=0.8, alpha=0.6)
-        (line,) = axis.plot([int(s[2:]) for s in labels], [row[s] / row[TARGET] for s in labels], marker="o", label=group, **style)
-        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color=line.get_color(), linewidth=style["linewidth"])
+        heavy = group == "overall"
+        style = dict(linewidth=2.5 if heavy else 0.8, alpha=1.0 if heavy else 0.6)
+        for drafter in drafters:
+            labels = [s for s in fixed_labels(row) if fixed_drafter(s) == drafter]
+            color = "black" if heavy and not several else None
+            (line,) = axis.plot([fixed_k(s) for s in labels], [row[s] / row[TARGET] for s in labels], marker="o",
+                                label=f"{group} {drafter}".strip(), color=color, **style)
+        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color="black" if several else line.get_color(), linewidth=style["linewidth"])
     axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axis.legend(fontsize=6, ncol=2)

@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench-adaptive", help="benchmark --k auto against the target alone and every fixed k",
         description="Side by side in one process: target alone, each fixed k, and --k auto, on a hopeless drafter "
-        "(safety) and on ngram with real prompts (quality). Writes adaptive.md, adaptive.png and adaptive.json.",
+        "(safety) and on ngram (or --drafters) with real prompts (quality). Writes adaptive.md, adaptive.png and adaptive.json.",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
     parser.add_argument("--prompts", required=True, help="Spec-Bench style JSONL file (category, turns)")
@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     parser.add_argument("--safety-prompts", type=int, default=4, help="safety: prompts, first of evenly spread categories (default 4)")
     parser.add_argument("--safety-max-new-tokens", type=int, default=64, help="safety: tokens per generation (default 64)")
     parser.add_argument("--draft-layers", type=int, default=2, help="safety: layers of the random-weight draft model (default 2)")
+    parser.add_argument("--drafters", default="ngram", help="quality: comma-separated drafters, each run alone at every fixed k, "
+                        "and auto choosing among them per step (default ngram; e.g. ngram,head)")
     parser.add_argument("--ks", default="1,2,3,4,6,8", help="fixed k values to compare (default 1,2,3,4,6,8)")
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)")
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    SpecConfig(k_max=args.k_max)  # validate before loading models
+    drafters = [d.strip() for d in args.drafters.split(",")]
+    SpecConfig(drafter=",".join(drafters), k="auto", k_max=args.k_max)  # validate before loading models
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts)
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(load_model_dir(target_dir, runtime=args.runtime, dtype=args.dtype, name=args.model))
     results, raw = {}, []
     for case in cases:
-        measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks)
+        measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks, drafters)
         raw += measurements
         adaptive.save_raw(raw, out / "adaptive-raw.json")  # first, so a long run's numbers survive any report error
         speeds = adaptive.speeds(measurements)
@@ -73,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             "adaptation": adaptive.adaptation(measurements),
             "same_work": adaptive.same_work_timing(measurements, best),
             "costs": costs,
+            "drafters": [RANDOM_DRAFT] if case == "safety" else drafters,
         }
     command = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     (out / "adaptive.md").write_text(adaptive_report.markdown(results, command))
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt], args: argparse.Namespace, ks: list[int]) -> tuple[list, dict]:
+def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt], args: argparse.Namespace, ks: list[int],
+              drafters: list[str]) -> tuple[list, dict]:
     """The case's measurements, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
@@ -90,10 +95,10 @@ def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt]
         adaptive.add_random_draft(engine, draft_dir, RANDOM_DRAFT, args.runtime, args.dtype)
         firsts = select_prompts(dataset, limit=1)
         prompts = firsts[:: max(1, len(firsts) // args.safety_prompts)][: args.safety_prompts]
-        settings, max_new_tokens = adaptive.settings(RANDOM_DRAFT, ks, args.k_max), args.safety_max_new_tokens
+        settings, max_new_tokens = adaptive.settings([RANDOM_DRAFT], ks, args.k_max), args.safety_max_new_tokens
     else:
         prompts = select_prompts(dataset, limit=args.per_category)
-        settings, max_new_tokens = adaptive.settings("ngram", ks, args.k_max), args.max_new_tokens
+        settings, max_new_tokens = adaptive.settings(drafters, ks, args.k_max), args.max_new_tokens
     start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
     measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
