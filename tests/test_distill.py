@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards
+from quickdraft.distill.data import GenerationConfig, generate_shards, int8_rounded, load_shards
 from quickdraft.distill.head_dir import build_head, load_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
@@ -123,6 +123,38 @@ def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
     second.run()
     assert second.state.step == 2 * first.state.step
     assert second.state.epoch == 1
+
+
+def test_init_head_starts_from_that_heads_weights_and_vocabulary(distilled, tiny_models, tmp_path):
+    options, out = distilled
+    frozen = replace(TINY_TRAINING, epochs=0.01, lr=0.0)  # one optimiser step that changes nothing
+    again = distill(replace(options, out=tmp_path / "tuned", init_head=out, training=frozen, command="tuned"))
+    start, tuned = load_head(out, tiny_models["llama"]), load_head(again, tiny_models["llama"])
+    assert torch.equal(tuned.vocab_ids, start.vocab_ids)
+    for name, tensor in start.state_dict().items():
+        torch.testing.assert_close(tuned.state_dict()[name], tensor)
+    assert f"Training started from the head in `{out}`" in (again / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_int8_rounded_writer_computes_what_the_native_int8_runtime_computes(tiny_dirs, name):
+    """Its logits are about as close to the native int8 runtime's as the two runtimes' bfloat16 forms are
+    to each other (arithmetic in another order), and far closer than the unrounded model's."""
+    tokens = [(7 * i) % 300 + 3 for i in range(40)]
+
+    def native(dtype):
+        return load_model_dir(tiny_dirs[name], runtime="native", dtype=dtype).runner.forward(tokens)  # [40, vocab]
+
+    def hf(model):
+        with torch.inference_mode():
+            return model(torch.tensor([tokens])).logits[0].float()  # [40, vocab]
+
+    plain = load_model_dir(tiny_dirs[name], runtime="hf", dtype="bfloat16").runner.model
+    rounded = int8_rounded(load_model_dir(tiny_dirs[name], runtime="hf", dtype="bfloat16").runner.model)
+    floor = (hf(plain) - native("bfloat16")).abs().mean()  # the same weights, arithmetic in another order
+    assert (hf(rounded) - native("int8")).abs().mean() < 1.4 * floor
+    assert (hf(plain) - native("int8")).abs().mean() > 1.7 * floor
+    torch.testing.assert_close(rounded.get_input_embeddings().weight, plain.get_input_embeddings().weight)  # only matrices are rounded
 
 
 def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):

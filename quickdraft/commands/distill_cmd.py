@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     parser.add_argument("--kind", choices=["head", "standalone"], default="head", help="head (default), or standalone: a small full-vocabulary Llama saved as a transformers model")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
-    parser.add_argument("--gen-dtype", choices=["bfloat16", "float32"], default="bfloat16", help="the target's dtype while it writes the training answers (default bfloat16: faster, and the default runtime's activation precision)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=256, help="longer prompts are skipped (default 256)")
+    parser.add_argument("--gen-dtype", choices=["bfloat16", "float32", "int8"], default="bfloat16", help="the target's dtype while it writes the training answers (default bfloat16: faster, and the default runtime's activation precision; int8: bfloat16 with the weights rounded as the default native runtime rounds them)")
     parser.add_argument("--epochs", type=float, default=4.0, help="passes over the training split (default 4)")
     parser.add_argument("--train-minutes", type=float, default=None, help="wall-clock cap on training; the lr schedule follows it")
     parser.add_argument("--unroll", type=int, default=3, help="drafting steps simulated in training (default 3)")
@@ -36,6 +37,7 @@ def register(subparsers) -> None:
     parser.add_argument("--ce-weight", type=float, default=1.0, help="weight of the token cross-entropy next to the smooth-L1 state loss (default 1; EAGLE used 0.1)")
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     parser.add_argument("--train-on-prompts", action="store_true", help="also train on the prompts' positions (more data; held-out metrics stay on answers)")
+    parser.add_argument("--init-head", type=Path, default=None, help="start from this head's weights and vocabulary (fine-tune it on this run's data) instead of a fresh head")
     parser.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts answered with the engine for the card (default 10)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     parser.set_defaults(func=run)
@@ -50,18 +52,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def options_from(args: argparse.Namespace) -> DistillOptions:
-    for name in ("tokens", "max_new_tokens", "batch_size", "unroll"):
+    for name in ("tokens", "max_new_tokens", "batch_size", "unroll", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return DistillOptions(
         target=args.target, out=args.out, prompts=args.prompts, tokens=args.tokens, vocab=_vocab_size(args.vocab),
         resume=args.resume, kind=args.kind,
-        generation=GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, dtype=args.gen_dtype),
+        generation=GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                    max_prompt_tokens=args.max_prompt_tokens, dtype=args.gen_dtype),
         training=TrainConfig(
             epochs=args.epochs, minutes=args.train_minutes, unroll=args.unroll, lr=args.lr, ce_weight=args.ce_weight,
             weight_decay=args.weight_decay, train_on_prompts=args.train_on_prompts,
         ),
-        eval_prompts=args.eval_prompts, command=command_line(args),
+        init_head=args.init_head, eval_prompts=args.eval_prompts, command=command_line(args),
     )
 
 
@@ -76,8 +79,8 @@ def _vocab_size(value: str) -> int | None:
 def command_line(args: argparse.Namespace) -> str:
     """The full command with every distill option spelled out (defaults included)."""
     words = ["quickdraft", "distill"]
-    for name in ("target", "out", "prompts", "tokens", "vocab", "kind", "max_new_tokens", "batch_size", "gen_dtype", "epochs",
-                 "train_minutes", "unroll", "lr", "ce_weight", "weight_decay", "eval_prompts", "threads"):
+    for name in ("target", "out", "prompts", "tokens", "vocab", "kind", "max_new_tokens", "max_prompt_tokens", "batch_size", "gen_dtype",
+                 "epochs", "train_minutes", "unroll", "lr", "ce_weight", "weight_decay", "init_head", "eval_prompts", "threads"):
         value = getattr(args, name)
         if value is not None:
             words += [f"--{name.replace('_', '-')}", str(value)]

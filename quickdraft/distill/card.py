@@ -7,6 +7,13 @@ from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
 
 
+WRITER_NUMBERS = {  # GenerationConfig.dtype, in words
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "int8": "bfloat16 with weights rounded to per-row int8, as the default runtime",
+}
+
+
 @dataclass(frozen=True)
 class Facts:
     target: str
@@ -22,6 +29,7 @@ class Facts:
     engine: dict  # evaluation.engine_metrics
     command: str
     parameters: int
+    init_head: str | None = None  # the head training started from, if not a fresh one
 
 
 def data_facts(shards: list[Shard], train: list[Example], heldout: list[Example]) -> dict:
@@ -62,8 +70,8 @@ def render(facts: Facts) -> str:
         "",
         "## Data",
         "",
-        f"Self-distillation: the target's own greedy answers ({facts.generation.dtype}, at most {facts.generation.max_new_tokens} tokens) to",
-        f"training prompts, with its post-norm last hidden state at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
+        f"Self-distillation: the target's own greedy answers ({WRITER_NUMBERS[facts.generation.dtype]}, at most {facts.generation.max_new_tokens} tokens) to",
+        f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, with its post-norm last hidden state at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences (prompt index % 20 == 0).",
         f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers (prompts rank",
         "the rest, see vocab.py); coverage of answer",
@@ -75,6 +83,8 @@ def render(facts: Facts) -> str:
         f"states for earlier context): smooth-L1(predicted state, true state) + {facts.training.ce_weight} x cross-entropy from",
         "the target's next-token distribution (renormalised over the reduced vocabulary) to the head's; steps weighted",
         f"equally. {facts.train_seconds / 60:.1f} min of training. Settings: `{asdict(facts.training)}`.",
+        *([f"Training started from the head in `{facts.init_head}` (weights and vocabulary; its own card tells how it was made)."]
+          if facts.init_head else []),
         "",
         "## Command",
         "",

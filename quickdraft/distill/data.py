@@ -2,7 +2,8 @@
 
 The target answers prompts in left-padded batches with transformers `generate`, in the
 generation dtype (bfloat16 by default: faster than float32 on CPUs with bfloat16 instructions, and the
-precision of the default native runtime's activations). A forward hook on
+precision of the default native runtime's activations; "int8" also rounds the weights as that
+runtime does, see `int8_rounded`). A forward hook on
 its final norm captures the post-norm hidden state (the vector its output layer reads) of every
 position it computes, prefill and decode steps alike, so the states cost no extra forward. The
 target's next-token distribution at a position is `lm_head(state)`, so it is not stored.
@@ -29,6 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
+from quickdraft.models.native.weights import quantize_rows
 from quickdraft.text import encode_prompt
 
 MANIFEST = "manifest.json"
@@ -43,7 +45,7 @@ class GenerationConfig:
     batch_size: int = 64  # sequences per generate call
     chunk_prompts: int = 128  # prompts per shard
     max_prompt_tokens: int = 256  # longer prompts are skipped
-    dtype: str = "bfloat16"  # the target's weights and activations while it writes ("float32" or "bfloat16")
+    dtype: str = "bfloat16"  # the target's numbers while it writes: "float32", "bfloat16" or "int8" (see int8_rounded)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,23 @@ def _sequence(prompt_index: int, generated: list[int], prompt: list[int], hidden
     length = next((i + 1 for i, token in enumerate(generated) if token in eos), len(generated))
     tokens = torch.tensor(prompt + generated[: length - 1], dtype=torch.long)  # [T]
     return Sequence(prompt_index, tokens, hidden[: len(tokens)].clone(), answer_start=len(prompt))
+
+
+@torch.no_grad()
+def int8_rounded(model: PreTrainedModel) -> PreTrainedModel:
+    """The model with every decoder matrix and the output layer rounded to per-row int8, in place.
+
+    This is the default native runtime's arithmetic (`Linear(..., int8=True)`: the same rows, the
+    same scales, bfloat16 activations), so a bfloat16 model rounded this way writes answers much
+    closer to the engine's default target than the unrounded model does (bfloat16 sums in another
+    order still differ at near-ties). The input embedding stays as it is, as there; a tied output
+    layer is untied first.
+    """
+    decoder_linears = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    for linear in [*decoder_linears, model.get_output_embeddings()]:
+        q, scales = quantize_rows(linear.weight.detach())  # [out, in] int8, [out]
+        linear.weight = torch.nn.Parameter((q.float() * scales.float()[:, None]).to(linear.weight.dtype), requires_grad=False)
+    return model
 
 
 def final_norm(model: PreTrainedModel) -> torch.nn.Module:

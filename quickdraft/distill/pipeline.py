@@ -20,13 +20,13 @@ from typing import Literal
 import torch
 
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards
-from quickdraft.distill.head_dir import build_head, save_head
+from quickdraft.distill.data import GenerationConfig, generate_shards, int8_rounded, load_shards
+from quickdraft.distill.head_dir import build_head, load_head, read_config, save_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
 from quickdraft.distill.prompts import load_prompts
 from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, split_examples
-from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, prompt_counts
+from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
 
@@ -44,6 +44,7 @@ class DistillOptions:
     kind: Kind = "head"
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     training: TrainConfig = field(default_factory=TrainConfig)
+    init_head: Path | None = None  # start from this head's weights and vocabulary instead of a fresh head
     eval_prompts: int = 10  # held-out prompts answered by the engine with the head, for the card
     command: str = ""  # the command line, recorded in the card
 
@@ -74,6 +75,9 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
     if options.resume and trainer.resume():
         _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")
+    elif options.init_head:
+        head.load_state_dict(load_head(options.init_head, target).state_dict())
+        _say(f"starting from the head in {options.init_head}")
     untrained = evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
     metrics = trainer.run()
     head.eval()
@@ -87,6 +91,7 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
         target=options.target, identity=identity, data=card.data_facts(shards, train, heldout), vocab=vocab,
         generation=options.generation, training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
         heldout=metrics, untrained=untrained, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
+        init_head=str(options.init_head) if options.init_head else None,
     )
     (options.out / "README.md").write_text(card.render(facts))
     _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
@@ -95,20 +100,27 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
 
 def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
     """The model that writes the answers: the target itself, or a copy in the generation dtype."""
-    if options.generation.dtype == "float32":
+    dtype = options.generation.dtype
+    if dtype == "float32":
         return target
-    return load_model(options.target, runtime="hf", dtype=options.generation.dtype)
+    writer = load_model(options.target, runtime="hf", dtype="bfloat16")
+    if dtype == "int8":
+        int8_rounded(writer.runner.model)
+    return writer
 
 
 def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:
-    """The reduced vocabulary, chosen once and kept for resumed runs."""
+    """The reduced vocabulary, chosen once and kept for resumed runs (an --init-head run keeps that head's)."""
     path = options.out / "train" / "vocab.json"
     train_answers, heldout_answers = answer_tokens(shards)
     train_counts = count_tokens(train_answers, target.info.vocab_size)
     heldout_counts = count_tokens(heldout_answers, target.info.vocab_size)
+    if not path.exists() and options.init_head:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"ids": read_config(options.init_head)["vocab"]["ids"]}))
     if path.exists():
-        ids = torch.tensor(json.loads(path.read_text())["ids"], dtype=torch.long)
-        return choose_vocab(train_counts, heldout_counts, len(ids), forced=ids.tolist())
+        ids = torch.tensor(json.loads(path.read_text())["ids"], dtype=torch.long)  # [draft_vocab], in its own order
+        return VocabChoice(ids, coverage(ids, train_counts), coverage(ids, heldout_counts))
     training_prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY != 0]
     prior = prompt_counts(target.tokenizer, training_prompts, target.info.vocab_size)
     vocab = choose_vocab(train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids), prior_counts=prior)

@@ -27,7 +27,7 @@ class Linear:
         self.scales = None  # [out] when int8
         self.weight = weight  # [out, in]
         if int8:
-            self.weight, self.scales = _quantize_rows(weight)
+            self.weight, self.scales = quantize_rows(weight)
 
     def dense(self) -> torch.Tensor:
         """The weight [out, in] as a float tensor (de-quantized when int8)."""
@@ -40,7 +40,7 @@ class Linear:
         return y if self.bias is None else y + self.bias
 
 
-def _quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: weight ~= q * scale[:, None]."""
     w = weight.float()
     scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # [out]
