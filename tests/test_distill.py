@@ -133,7 +133,10 @@ def test_init_head_starts_from_that_heads_weights_and_vocabulary(distilled, tiny
     assert torch.equal(tuned.vocab_ids, start.vocab_ids)
     for name, tensor in start.state_dict().items():
         torch.testing.assert_close(tuned.state_dict()[name], tensor)
-    assert f"Training started from the head in `{out}`" in (again / "README.md").read_text()
+    card = (again / "README.md").read_text()
+    assert f"Training started from the head in `{out}`" in card
+    tau = json.loads((again / "config.json").read_text())["heldout"]["tau"]
+    assert f"{tau:.2f} (starting head: {tau:.2f})" in card, "the card compares with the head it started from, unchanged at lr 0"
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])

@@ -157,6 +157,7 @@ def _plot_case(axis, speeds: dict[str, dict[str, float]], include_categories: bo
             color = "black" if heavy and not several else None
             (line,) = axis.plot([fixed_k(s) for s in labels], [row[s] / row[TARGET] for s in labels], marker="o",
                                 label=f"{group} {drafter}".strip(), color=color, **style)
-        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color="black" if several else line.get_color(), linewidth=style["linewidth"])
+        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color="black" if several else line.get_color(), linewidth=style["linewidth"],
+                     label=f"{group} auto" if several else None)
     axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axis.legend(fontsize=6, ncol=2)

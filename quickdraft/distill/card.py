@@ -25,7 +25,7 @@ class Facts:
     train_seconds: float  # training time summed over resumed runs
     total_seconds: float  # wall time of the final invocation
     heldout: dict  # teacher-forced held-out metrics of the trained head (train.evaluate)
-    untrained: dict  # the same for an untrained head
+    baseline: dict  # the same for the head training started from (init_head), or an untrained one
     engine: dict  # evaluation.engine_metrics
     command: str
     parameters: int
@@ -44,7 +44,8 @@ def data_facts(shards: list[Shard], train: list[Example], heldout: list[Example]
 
 
 def render(facts: Facts) -> str:
-    data, engine, heldout, untrained = facts.data, facts.engine, facts.heldout, facts.untrained
+    data, engine, heldout, baseline = facts.data, facts.engine, facts.heldout, facts.baseline
+    start = "starting head" if facts.init_head else "untrained head"
     k = heldout["k"]
     lines = [
         f"# Draft head for {facts.target}",
@@ -60,8 +61,8 @@ def render(facts: Facts) -> str:
         "",
         "| metric | value |",
         "| --- | --- |",
-        f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) | {heldout['tau']:.2f} (untrained head: {untrained['tau']:.2f}) |",
-        f"| held-out alpha, teacher-forced | {heldout['alpha']:.3f} (untrained: {untrained['alpha']:.3f}) |",
+        f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) | {heldout['tau']:.2f} ({start}: {baseline['tau']:.2f}) |",
+        f"| held-out alpha, teacher-forced | {heldout['alpha']:.3f} ({start}: {baseline['alpha']:.3f}) |",
         f"| held-out acceptance by position, teacher-forced | {_numbers(heldout['acceptance_by_position'])} |",
         f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau | {engine['tau']:.2f} |",
         f"| engine: alpha / accepted per step by position | {engine['alpha']:.3f} / {_numbers(engine['acceptance_by_position'])} |",

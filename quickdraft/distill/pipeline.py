@@ -25,7 +25,7 @@ from quickdraft.distill.head_dir import build_head, load_head, read_config, save
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
 from quickdraft.distill.prompts import load_prompts
-from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, split_examples
+from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, evaluate, split_examples
 from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
@@ -78,7 +78,7 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     elif options.init_head:
         head.load_state_dict(load_head(options.init_head, target).state_dict())
         _say(f"starting from the head in {options.init_head}")
-    untrained = evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
+    baseline = _baseline(target, vocab, heldout, options)
     metrics = trainer.run()
     head.eval()
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
@@ -90,12 +90,19 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     facts = card.Facts(
         target=options.target, identity=identity, data=card.data_facts(shards, train, heldout), vocab=vocab,
         generation=options.generation, training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
-        heldout=metrics, untrained=untrained, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
+        heldout=metrics, baseline=baseline, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
         init_head=str(options.init_head) if options.init_head else None,
     )
     (options.out / "README.md").write_text(card.render(facts))
     _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
     return options.out
+
+
+def _baseline(target: LoadedModel, vocab: VocabChoice, heldout, options: DistillOptions) -> dict:
+    """Held-out metrics that training must beat: the starting head's (--init-head), else a fresh head's."""
+    if options.init_head:
+        return evaluate(load_head(options.init_head, target), heldout, options.training)
+    return evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
 
 
 def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
