@@ -73,12 +73,15 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
+    start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
     if options.resume and trainer.resume():
         _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")
-    elif options.init_head:
-        head.load_state_dict(load_head(options.init_head, target).state_dict())
+    elif start is not None:
+        head.load_state_dict(start.state_dict())
         _say(f"starting from the head in {options.init_head}")
-    baseline = _baseline(target, vocab, heldout, options)
+    # held-out metrics training must beat: the starting head's, else a fresh head's
+    baseline = (evaluate(start, heldout, options.training) if start is not None
+                else evaluation.untrained_metrics(target, vocab.ids, heldout, options.training))
     metrics = trainer.run()
     head.eval()
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
@@ -96,13 +99,6 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
     (options.out / "README.md").write_text(card.render(facts))
     _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
     return options.out
-
-
-def _baseline(target: LoadedModel, vocab: VocabChoice, heldout, options: DistillOptions) -> dict:
-    """Held-out metrics that training must beat: the starting head's (--init-head), else a fresh head's."""
-    if options.init_head:
-        return evaluate(load_head(options.init_head, target), heldout, options.training)
-    return evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
 
 
 def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
