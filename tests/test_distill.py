@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from quickdraft.cli import main
+from quickdraft.cli import build_parser, main
+from quickdraft.commands.distill_cmd import options_from
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.data import GenerationConfig, generate_shards, int8_rounded, load_shards
+from quickdraft.distill.data import GenerationConfig, default_writer_dtype, generate_shards, int8_rounded, load_shards
 from quickdraft.distill.head_dir import build_head, load_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
@@ -22,7 +23,7 @@ from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model, load_model_dir
 
 WORDS = "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast".split()
-TINY_GENERATION = GenerationConfig(max_new_tokens=24, batch_size=8, chunk_prompts=16)
+TINY_GENERATION = GenerationConfig(max_new_tokens=24, batch_size=8, chunk_prompts=16, dtype="bfloat16")  # a writer loaded apart from the target
 TINY_TRAINING = TrainConfig(epochs=20, batch_sequences=4, lr=1e-2, warmup_steps=5, unroll=2, ce_weight=1.0, eval_every=1000, eval_k=3)
 
 
@@ -158,6 +159,16 @@ def test_int8_rounded_writer_computes_what_the_native_int8_runtime_computes(tiny
     assert (hf(rounded) - native("int8")).abs().mean() < 1.4 * floor
     assert (hf(plain) - native("int8")).abs().mean() > 1.7 * floor
     torch.testing.assert_close(rounded.get_input_embeddings().weight, plain.get_input_embeddings().weight)  # only matrices are rounded
+
+
+def test_gen_dtype_auto_resolves_to_this_cpus_native_dtype_and_the_card_command_names_it(tmp_path):
+    native_bfloat16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert default_writer_dtype() == ("bfloat16" if native_bfloat16 else "float32")
+    options = options_from(build_parser().parse_args(["distill", "--out", str(tmp_path)]))
+    assert options.generation.dtype == default_writer_dtype()
+    assert f"--gen-dtype {default_writer_dtype()}" in options.command and "--gen-dtype auto" not in options.command
+    chosen = options_from(build_parser().parse_args(["distill", "--out", str(tmp_path), "--gen-dtype", "int8"]))
+    assert chosen.generation.dtype == "int8" and "--gen-dtype int8" in chosen.command
 
 
 def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import DEFAULT_MODEL
-from quickdraft.distill.data import GenerationConfig
+from quickdraft.distill.data import GenerationConfig, default_writer_dtype
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.train import TrainConfig
 from quickdraft.errors import UsageError
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
     parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
     parser.add_argument("--max-prompt-tokens", type=int, default=256, help="longer prompts are skipped (default 256)")
-    parser.add_argument("--gen-dtype", choices=["bfloat16", "float32", "int8"], default="bfloat16", help="the target's dtype while it writes the training answers (default bfloat16: faster, and the default runtime's activation precision; int8: bfloat16 with the weights rounded as the default native runtime rounds them)")
+    parser.add_argument("--gen-dtype", choices=["auto", "bfloat16", "float32", "int8"], default="auto", help="the target's dtype while it writes the training answers (default auto: bfloat16, the default runtime's activation precision, where the CPU multiplies bfloat16 natively, else float32, which is faster there; int8: bfloat16 with the weights rounded as the default native runtime rounds them)")
     parser.add_argument("--epochs", type=float, default=4.0, help="passes over the training split (default 4)")
     parser.add_argument("--train-minutes", type=float, default=None, help="wall-clock cap on training; the lr schedule follows it")
     parser.add_argument("--unroll", type=int, default=3, help="drafting steps simulated in training (default 3)")
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     parser.add_argument("--train-on-prompts", action="store_true", help="also train on the prompts' positions (more data; held-out metrics stay on answers)")
     parser.add_argument("--init-head", type=Path, default=None, help="start from this head's weights and vocabulary (fine-tune it on this run's data) instead of a fresh head")
-    parser.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts answered with the engine for the card (default 10)")
+    parser.add_argument("--eval-prompts", type=int, default=30, help="held-out prompts answered with the engine for the card (default 30: tau varies widely between prompts)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     parser.set_defaults(func=run)
 
@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def options_from(args: argparse.Namespace) -> DistillOptions:
+    if args.gen_dtype == "auto":  # the card's command names the dtype this machine chose
+        args = argparse.Namespace(**{**vars(args), "gen_dtype": default_writer_dtype()})
     for name in ("tokens", "max_new_tokens", "batch_size", "unroll", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -1,9 +1,10 @@
 """Self-distillation data: the target's own greedy answers with its hidden state at every position.
 
 The target answers prompts in left-padded batches with transformers `generate`, in the
-generation dtype (bfloat16 by default: faster than float32 on CPUs with bfloat16 instructions, and the
-precision of the default native runtime's activations; "int8" also rounds the weights as that
-runtime does, see `int8_rounded`). A forward hook on
+generation dtype: by default bfloat16 where the CPU multiplies bfloat16 natively (the precision of
+the default native runtime's activations), float32 where it does not (there bfloat16 is emulated
+and several times slower: `scripts/datagen_speed.py` measures it); "int8" also rounds the weights
+as the native runtime does, see `int8_rounded`. A forward hook on
 its final norm captures the post-norm hidden state (the vector its output layer reads) of every
 position it computes, prefill and decode steps alike, so the states cost no extra forward. The
 target's next-token distribution at a position is `lm_head(state)`, so it is not stored.
@@ -20,7 +21,7 @@ renamed), until the answers hold at least the requested number of tokens.
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -29,12 +30,18 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import LoadedModel
+from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.native.weights import quantize_rows
 from quickdraft.text import encode_prompt
 
 MANIFEST = "manifest.json"
 HIDDEN_DTYPE = torch.bfloat16  # stored states; training reads them back as float32
+
+
+def default_writer_dtype() -> str:
+    """bfloat16 where oneDNN has native bfloat16 matrix kernels on this CPU, float32 elsewhere."""
+    native_bfloat16 = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)()
+    return "bfloat16" if native_bfloat16 else "float32"
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class GenerationConfig:
     batch_size: int = 64  # sequences per generate call
     chunk_prompts: int = 128  # prompts per shard
     max_prompt_tokens: int = 256  # longer prompts are skipped
-    dtype: str = "bfloat16"  # the target's numbers while it writes: "float32", "bfloat16" or "int8" (see int8_rounded)
+    dtype: str = field(default_factory=default_writer_dtype)  # "float32", "bfloat16" or "int8" (see int8_rounded)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,14 @@ def _sequence(prompt_index: int, generated: list[int], prompt: list[int], hidden
     length = next((i + 1 for i, token in enumerate(generated) if token in eos), len(generated))
     tokens = torch.tensor(prompt + generated[: length - 1], dtype=torch.long)  # [T]
     return Sequence(prompt_index, tokens, hidden[: len(tokens)].clone(), answer_start=len(prompt))
+
+
+def load_writer(target_name: str, dtype: str) -> LoadedModel:
+    """The transformers model that writes the answers in generation dtype `dtype`."""
+    writer = load_model(target_name, runtime="hf", dtype="float32" if dtype == "float32" else "bfloat16")
+    if dtype == "int8":
+        int8_rounded(writer.runner.model)
+    return writer
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import GenerationConfig, generate_shards, int8_rounded, load_shards
+from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards, load_writer
 from quickdraft.distill.head_dir import build_head, load_head, read_config, save_head
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
@@ -45,7 +45,7 @@ class DistillOptions:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     training: TrainConfig = field(default_factory=TrainConfig)
     init_head: Path | None = None  # start from this head's weights and vocabulary instead of a fresh head
-    eval_prompts: int = 10  # held-out prompts answered by the engine with the head, for the card
+    eval_prompts: int = 30  # held-out prompts answered by the engine with the head, for the card (per-prompt tau spreads 1.1-5.0)
     command: str = ""  # the command line, recorded in the card
 
 
@@ -103,13 +103,9 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
 
 def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
     """The model that writes the answers: the target itself, or a copy in the generation dtype."""
-    dtype = options.generation.dtype
-    if dtype == "float32":
+    if options.generation.dtype == "float32":
         return target
-    writer = load_model(options.target, runtime="hf", dtype="bfloat16")
-    if dtype == "int8":
-        int8_rounded(writer.runner.model)
-    return writer
+    return load_writer(options.target, options.generation.dtype)
 
 
 def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:
