@@ -357,18 +357,20 @@ def test_bench_client_load_test_passes_on_the_server(server, capsys):
 
 
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
-    server = start_server(tiny_dirs["llama-long"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1")
+    # a grace period far longer than the request, so a slow machine still finishes it (the 10 s default did not on one)
+    server = start_server(tiny_dirs["llama-long"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1", "--shutdown-timeout", "120")
     lines: list[str] = []
+    request = long_request(model=str(tiny_dirs["llama-long"]), stream=True, max_tokens=1000)
 
     def stream_one() -> None:
-        with httpx.stream("POST", f"{server.base_url}{TEXT}", json=long_request(model=str(tiny_dirs["llama-long"]), stream=True), timeout=60) as response:
+        with httpx.stream("POST", f"{server.base_url}{TEXT}", json=request, timeout=60) as response:
             lines.extend(line for line in response.iter_lines() if line)
 
     reader = threading.Thread(target=stream_one)
     reader.start()
     while not lines and reader.is_alive():
         time.sleep(0.01)
-    assert server.stop(timeout=30) == 0, server.log()
+    assert server.stop(timeout=150) == 0, server.log()
     reader.join(timeout=30)
     assert not reader.is_alive()
     assert lines[-1] == "data: [DONE]"
