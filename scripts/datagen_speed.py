@@ -57,5 +57,6 @@ def main() -> None:
         print(f"{dtype}, batch {size}: {median:.0f} answer tokens/s (rounds: {', '.join(f'{r:.0f}' for r in rates[dtype, size])}), "
               f"{median / first:.2f}x {settings[0][0]}, batch {settings[0][1]}")
 
+
 if __name__ == "__main__":
     main()
