@@ -1,13 +1,13 @@
 # Two entry points: `make demo` (set up, then a streamed speculative generation on the built-in
 # default model with the default drafters, n-gram lookup and the model's shipped draft head under
-# --k auto, compared with the target alone) and `make test` (set up, then the full suite).
+# --k auto, compared with the target alone) and `make test` (set up, lint and format check, then the full suite).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 DEMO_PROMPT ?= Rewrite this paragraph in the past tense: Every morning I walk to the market. I buy fresh bread, cheese and fruit. I talk with the baker about the weather and the news. Then I walk home along the river, watch the boats, and cook breakfast for my family.
 
-.PHONY: setup demo test clean
+.PHONY: setup demo lint test clean
 
 setup: $(INSTALLED)
 
@@ -23,7 +23,11 @@ demo: $(INSTALLED)
 	$(BIN)/quickdraft models fetch smollm2-135m-instruct
 	$(BIN)/quickdraft generate --chat --compare --max-new-tokens 96 "$(DEMO_PROMPT)"
 
-test: $(INSTALLED)
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 clean:

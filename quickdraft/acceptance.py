@@ -18,7 +18,7 @@ from the target distribution, so it equals a point-mass proposal with the accept
 probability itself.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 PRIOR_MEAN = 0.5  # position 1 of a drafter nothing is known about
 PRIOR_STRENGTH = 2.0  # pseudo-observations behind each prior mean, before any evidence

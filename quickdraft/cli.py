@@ -7,7 +7,15 @@ from quickdraft.errors import QuickdraftError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quickdraft.commands import bench_adaptive_cmd, bench_cmd, bench_runtime_cmd, distill_cmd, generate_cmd, models_cmd, serve_cmd
+    from quickdraft.commands import (
+        bench_adaptive_cmd,
+        bench_cmd,
+        bench_runtime_cmd,
+        distill_cmd,
+        generate_cmd,
+        models_cmd,
+        serve_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="quickdraft", description="Lossless speculative decoding: faster generation, identical output."

@@ -54,20 +54,32 @@ K_LIMIT = 64  # largest draft length anyone may ask for
 class SpecConfig:
     """How speculation is done for a request."""
 
-    drafter: str = "ngram"  # "none", "ngram", "head" / "head:DIR" (draft head), a same-tokenizer draft model (name or path), or several joined by commas (auto only)
-    k: int | Literal["auto"] = "auto"  # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
+    # "none", "ngram", "head" / "head:DIR" (draft head), a same-tokenizer draft model (name or path),
+    # or several joined by commas (auto only)
+    drafter: str = "ngram"
+    k: int | Literal["auto"] = (
+        "auto"  # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
+    )
     k_max: int = 8  # auto: most draft tokens the controller may choose
     ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up
     ngram_min: int = 1  # ngram drafter: shortest suffix of the context to look up
 
     def __post_init__(self) -> None:
-        _require(self.k == "auto" or (isinstance(self.k, int) and not isinstance(self.k, bool)), f"k must be an integer or 'auto', got {self.k!r}")
+        _require(
+            self.k == "auto" or (isinstance(self.k, int) and not isinstance(self.k, bool)),
+            f"k must be an integer or 'auto', got {self.k!r}",
+        )
         _require(self.adaptive or self.k >= 0, f"k must be >= 0, got {self.k}; use 0 to disable drafting")
         _require(self.adaptive or self.k <= K_LIMIT, f"k must be <= {K_LIMIT}, got {self.k}")
         _require(1 <= self.k_max <= K_LIMIT, f"k_max must be in 1..{K_LIMIT}, got {self.k_max}")
         _require(1 <= self.ngram_min <= self.ngram_max, "ngram sizes need 1 <= ngram_min <= ngram_max")
-        _require(all(self.drafters), f"drafter list {self.drafter!r} has an empty name; use e.g. ngram or ngram,DRAFT_MODEL")
-        _require(self.adaptive or len(self.drafters) == 1, f"several drafters ({self.drafter}) need k='auto'; pass one drafter with a fixed k")
+        _require(
+            all(self.drafters), f"drafter list {self.drafter!r} has an empty name; use e.g. ngram or ngram,DRAFT_MODEL"
+        )
+        _require(
+            self.adaptive or len(self.drafters) == 1,
+            f"several drafters ({self.drafter}) need k='auto'; pass one drafter with a fixed k",
+        )
 
     @property
     def adaptive(self) -> bool:
@@ -92,6 +104,12 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.runtime in ("auto", "native", "hf"), f"runtime must be auto, native or hf, got {self.runtime!r}")
-        _require(self.dtype in ("auto", "float32", "bfloat16", "int8"), f"dtype must be auto, float32, bfloat16 or int8, got {self.dtype!r}")
-        _require(not (self.runtime == "hf" and self.dtype == "int8"), "int8 weights need the native runtime; use --runtime native or auto")
+        _require(
+            self.dtype in ("auto", "float32", "bfloat16", "int8"),
+            f"dtype must be auto, float32, bfloat16 or int8, got {self.dtype!r}",
+        )
+        _require(
+            not (self.runtime == "hf" and self.dtype == "int8"),
+            "int8 weights need the native runtime; use --runtime native or auto",
+        )
         _require(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")

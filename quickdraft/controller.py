@@ -31,8 +31,9 @@ choice does not count catch-up: starting to use a drafter pays it once and the r
 steps that follow.
 """
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 from quickdraft.acceptance import AcceptanceEstimate, outcomes
 from quickdraft.costs import DraftCost, TargetCost
@@ -152,7 +153,9 @@ class ControllerMemory:
     def add_draft_cost(self, drafter: str, measured: DraftCost) -> None:
         """A drafter's costs measured now, in seconds."""
         scale = self.target.scale
-        self.draft_costs[drafter] = DraftCost(measured.seconds_per_token / scale, measured.seconds_per_catch_up_token / scale)
+        self.draft_costs[drafter] = DraftCost(
+            measured.seconds_per_token / scale, measured.seconds_per_catch_up_token / scale
+        )
 
     def draft_seconds(self, drafter: str, tokens: int, behind: int = 0) -> float:
         """Seconds to draft `tokens` tokens, `behind` tokens after the drafter's last proposal."""
@@ -196,7 +199,9 @@ class AdaptiveController:
             self._memory.observe_draft(plan.drafter, len(draft), self._behind(plan.drafter), draft_seconds)
             self._fed[plan.drafter] = self._context_length + len(produced) - 1  # its cache holds the accepted draft
         for name in self._credit:
-            self._credit[name] = 0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
+            self._credit[name] = (
+                0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
+            )
         self._memory.target.observe(len(draft) + 1, target_seconds)
 
     def finish(self) -> None:

@@ -16,7 +16,7 @@ it has not drafted for a while (its cache then lags the committed text).
 import math
 import statistics
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -59,7 +59,9 @@ class TargetCost:
         return self._scale * self._shape[tokens - 1]
 
     def observe(self, tokens: int, seconds: float) -> None:
-        self._shape = [shape * (calibrated / shape) ** SHAPE_REVERSION for shape, calibrated in zip(self._shape, self._calibrated)]
+        self._shape = [
+            shape * (calibrated / shape) ** SHAPE_REVERSION for shape, calibrated in zip(self._shape, self._calibrated)
+        ]
         residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
         self._scale *= math.exp(SCALE_RATE * residual)
         self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)

@@ -15,8 +15,9 @@ which is fed with the next draft.
 """
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 
@@ -63,7 +64,12 @@ Event = TextDelta | Finished
 class Engine:
     """A target model, its drafters, and the loop that runs them."""
 
-    def __init__(self, target: LoadedModel, spec: SpecConfig = SpecConfig(), drafter_options: DrafterLoadOptions = DrafterLoadOptions()) -> None:
+    def __init__(
+        self,
+        target: LoadedModel,
+        spec: SpecConfig = SpecConfig(),
+        drafter_options: DrafterLoadOptions = DrafterLoadOptions(),
+    ) -> None:
         self.target = target
         self.spec = spec
         self.drafter_options = drafter_options
@@ -72,8 +78,15 @@ class Engine:
 
     @classmethod
     def from_names(
-        cls, model: str = DEFAULT_MODEL, drafter: str | None = None, k: int | Literal["auto"] = "auto", k_max: int = 8,
-        runtime: str = "auto", dtype: str = "auto", device: str = "cpu", threads: int | None = None,
+        cls,
+        model: str = DEFAULT_MODEL,
+        drafter: str | None = None,
+        k: int | Literal["auto"] = "auto",
+        k_max: int = 8,
+        runtime: str = "auto",
+        dtype: str = "auto",
+        device: str = "cpu",
+        threads: int | None = None,
     ) -> "Engine":
         """Load a target by name or path, prepare the drafters (see `SpecConfig`; None: `default_drafter` for the
         target), and calibrate costs for k="auto"."""
@@ -102,7 +115,8 @@ class Engine:
         self._drafters[name] = drafter
 
     def calibrate(self, spec: SpecConfig | None = None) -> ControllerMemory:
-        """Measure, once per engine, the target's step time over 1..k_max+1 tokens and each model drafter's time per token.
+        """Measure, once per engine, the target's step time over 1..k_max+1 tokens and each model drafter's
+        time per token.
 
         Done before the first k="auto" request (the target's cache is reset by every prefill);
         the result is refined by every later step.
@@ -118,14 +132,28 @@ class Engine:
     def encode(self, prompt: str | Messages, chat: bool = False) -> list[int]:
         return encode_prompt(self.target.tokenizer, prompt, chat, self.target.info.name)
 
-    def generate(self, prompt: str | Messages | list[int], params: SamplingParams = SamplingParams(), *, chat: bool = False, spec: SpecConfig | None = None) -> Finished:
+    def generate(
+        self,
+        prompt: str | Messages | list[int],
+        params: SamplingParams = SamplingParams(),
+        *,
+        chat: bool = False,
+        spec: SpecConfig | None = None,
+    ) -> Finished:
         """Run to completion; returns the `Finished` event (text, tokens, finish reason, stats)."""
         for event in self.stream(prompt, params, chat=chat, spec=spec):
             if isinstance(event, Finished):
                 return event
         raise AssertionError("stream ended without a Finished event")
 
-    def stream(self, prompt: str | Messages | list[int], params: SamplingParams = SamplingParams(), *, chat: bool = False, spec: SpecConfig | None = None) -> Iterator[Event]:
+    def stream(
+        self,
+        prompt: str | Messages | list[int],
+        params: SamplingParams = SamplingParams(),
+        *,
+        chat: bool = False,
+        spec: SpecConfig | None = None,
+    ) -> Iterator[Event]:
         """Yield `TextDelta` events as text is committed, then one `Finished` event.
 
         `prompt` is text (rendered through the chat template when `chat`), chat messages, or
@@ -144,7 +172,9 @@ class Engine:
         if not prompt_ids:
             raise UsageError("the prompt is empty; pass some text to continue")
         if len(prompt_ids) >= limit:
-            raise UsageError(f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}; shorten the prompt")
+            raise UsageError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}; shorten the prompt"
+            )
 
     def _candidates(self, spec: SpecConfig) -> dict[str, Drafter]:
         """The drafters a request may draft with, by name ("none" drafts nothing)."""
@@ -183,7 +213,12 @@ class Engine:
         yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
 
     def _step(
-        self, request: "_Request", controller: Controller, hidden_readers: list[Drafter], generator: torch.Generator, stats: GenerationStats
+        self,
+        request: "_Request",
+        controller: Controller,
+        hidden_readers: list[Drafter],
+        generator: torch.Generator,
+        stats: GenerationStats,
     ) -> None:
         runner = self.target.runner
         started = time.perf_counter()
@@ -192,7 +227,9 @@ class Engine:
         draft = self._draft(plan, request.context)
         drafted = time.perf_counter()
         committed_length = runner.cache_length
-        logits, hidden = _forward(runner, [request.pending, *draft.token_ids], hidden_readers)  # [len(draft) + 1, vocab]
+        logits, hidden = _forward(
+            runner, [request.pending, *draft.token_ids], hidden_readers
+        )  # [len(draft) + 1, vocab]
         verdict = _verify(draft, logits, request.params, generator)
         runner.rollback(committed_length + 1 + verdict.num_accepted)
         verified = time.perf_counter()
@@ -223,7 +260,9 @@ def _prefill(runner: ModelRunner, prompt_ids: list[int], hidden_readers: list[Dr
     return logits
 
 
-def _forward(runner: ModelRunner, token_ids: list[int], hidden_readers: list[Drafter]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward(
+    runner: ModelRunner, token_ids: list[int], hidden_readers: list[Drafter]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits [n, vocab], plus the states [n, hidden] when a drafter reads them (else None)."""
     if not hidden_readers:
         return runner.forward(token_ids), None

@@ -20,7 +20,9 @@ class GenerationStats:
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: steps that drafted a token at position i
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: steps that accepted a token at position i
     accepted_length_histogram: list[int] = field(default_factory=list)  # [n]: steps that accepted exactly n tokens
-    k_histogram: list[int] = field(default_factory=list)  # [k]: steps that drafted exactly k tokens (the chosen k under auto)
+    k_histogram: list[int] = field(
+        default_factory=list
+    )  # [k]: steps that drafted exactly k tokens (the chosen k under auto)
     k_per_step: list[int] = field(default_factory=list)  # [steps]: tokens drafted at each step, in order
     drafter_steps: dict[str, int] = field(default_factory=dict)  # steps that drafted, by drafter; "none": plain steps
     prefill_seconds: float = 0.0  # prompt forward and first token: time to first token

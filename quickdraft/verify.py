@@ -55,7 +55,9 @@ def rejection_sample(
     """
     k = draft_ids.shape[0]
     if draft_probs is None:
-        draft_probs = torch.nn.functional.one_hot(draft_ids, target_probs.shape[-1]).to(target_probs.dtype)  # [k, vocab]
+        draft_probs = torch.nn.functional.one_hot(draft_ids, target_probs.shape[-1]).to(
+            target_probs.dtype
+        )  # [k, vocab]
     rows = torch.arange(k, device=draft_ids.device)
     target_p = target_probs[rows, draft_ids]  # [k]
     draft_p = draft_probs[rows, draft_ids]  # [k]

@@ -61,7 +61,10 @@ def main() -> None:
     begin = time.perf_counter()
     decode_rate(runners["compiled"], 3)
     runners["compiled"].forward(CHECK_TOKENS)  # the multi-token shape too
-    print(f"{args.model} {args.dtype}, {args.threads} threads: warm-up of the compiled runner {time.perf_counter() - begin:.1f} s")
+    print(
+        f"{args.model} {args.dtype}, {args.threads} threads: "
+        f"warm-up of the compiled runner {time.perf_counter() - begin:.1f} s"
+    )
     rates = {name: [] for name in runners}
     for _ in range(args.repeats):
         for name, runner in runners.items():
@@ -69,7 +72,10 @@ def main() -> None:
     eager_rate = statistics.median(rates["eager"])
     for name, runner in runners.items():
         rate = statistics.median(rates[name])
-        print(f"  {name:<9} {rate:6.1f} tok/s  {rate / eager_rate:.2f}x  batch invariance: max |diff| {batch_difference(runner):.3g}")
+        print(
+            f"  {name:<9} {rate:6.1f} tok/s  {rate / eager_rate:.2f}x  "
+            f"batch invariance: max |diff| {batch_difference(runner):.3g}"
+        )
     for runner in runners.values():
         runner.prefill(PROMPT)
     difference = (runners["eager"].forward(CHECK_TOKENS) - runners["compiled"].forward(CHECK_TOKENS)).abs().max().item()

@@ -1,7 +1,9 @@
 """Answer tokens per second of `quickdraft distill`'s data stage per writer dtype and batch size, side by side.
 
-    python scripts/datagen_speed.py --dtypes float32,bfloat16 --batch-sizes 32 --prompts 32 --max-new-tokens 64 --rounds 2 --threads 2
-    python scripts/datagen_speed.py --dtypes float32 --batch-sizes 16,32,64 --prompts 64 --max-new-tokens 64 --rounds 2 --threads 2
+    python scripts/datagen_speed.py --dtypes float32,bfloat16 --batch-sizes 32 --prompts 32 \
+        --max-new-tokens 64 --rounds 2 --threads 2
+    python scripts/datagen_speed.py --dtypes float32 --batch-sizes 16,32,64 --prompts 64 \
+        --max-new-tokens 64 --rounds 2 --threads 2
 
 Every round, each (dtype, batch size) writes one shard's worth of answers to the same ShareGPT
 prompts with the data stage's own code (`data.load_writer`, `data.answer_chunk`: prompts over
@@ -27,7 +29,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16, int8")
-    parser.add_argument("--batch-sizes", default="64", help="comma list of sequences per generate call (distill's --batch-size)")
+    parser.add_argument(
+        "--batch-sizes", default="64", help="comma list of sequences per generate call (distill's --batch-size)"
+    )
     parser.add_argument("--prompts", type=int, default=64, help="prompts answered by each setting each round")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
@@ -43,19 +47,30 @@ def main() -> None:
     rates: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
     for _ in range(args.rounds):
         for dtype, size in settings:
-            config = GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=size, chunk_prompts=args.prompts,
-                                      max_prompt_tokens=args.max_prompt_tokens, dtype=dtype)
+            config = GenerationConfig(
+                max_new_tokens=args.max_new_tokens,
+                batch_size=size,
+                chunk_prompts=args.prompts,
+                max_prompt_tokens=args.max_prompt_tokens,
+                dtype=dtype,
+            )
             writer = writers[dtype]
             started = time.perf_counter()
             shard = answer_chunk(writer.runner.model, writer.tokenizer, prompts, list(range(args.prompts)), config)
             rates[dtype, size].append(shard.answer_tokens / (time.perf_counter() - started))
     first = statistics.median(rates[settings[0]])
-    print(f"{args.prompts} prompts (those over {args.max_prompt_tokens} tokens skipped), at most {args.max_new_tokens} new tokens, "
-          f"{args.rounds} rounds, {torch.get_num_threads()} threads; --gen-dtype auto picks {default_writer_dtype()} here")
+    print(
+        f"{args.prompts} prompts (those over {args.max_prompt_tokens} tokens skipped), "
+        f"at most {args.max_new_tokens} new tokens, "
+        f"{args.rounds} rounds, {torch.get_num_threads()} threads; --gen-dtype auto picks {default_writer_dtype()} here"
+    )
     for dtype, size in settings:
         median = statistics.median(rates[dtype, size])
-        print(f"{dtype}, batch {size}: {median:.0f} answer tokens/s (rounds: {', '.join(f'{r:.0f}' for r in rates[dtype, size])}), "
-              f"{median / first:.2f}x {settings[0][0]}, batch {settings[0][1]}")
+        print(
+            f"{dtype}, batch {size}: {median:.0f} answer tokens/s "
+            f"(rounds: {', '.join(f'{r:.0f}' for r in rates[dtype, size])}), "
+            f"{median / first:.2f}x {settings[0][0]}, batch {settings[0][1]}"
+        )
 
 
 if __name__ == "__main__":

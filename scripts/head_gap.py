@@ -45,7 +45,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="target weights (the head trains on bfloat16 states)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="target weights (the head trains on bfloat16 states)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,10 +67,14 @@ def main() -> None:
         _, hidden = target.runner.prefill(sequence, return_hidden=True)  # [T, d]
         examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
     forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
-    print(f"engine, k={args.k}: tau {(accepted + steps) / steps:.3f}, accepted by position (share of steps) "
-          f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}")
-    print(f"teacher-forced, same text: tau {forced['tau']:.3f}, conditional acceptance by position "
-          f"{' '.join(f'{a:.3f}' for a in forced['acceptance_by_position'])}")
+    print(
+        f"engine, k={args.k}: tau {(accepted + steps) / steps:.3f}, accepted by position (share of steps) "
+        f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}"
+    )
+    print(
+        f"teacher-forced, same text: tau {forced['tau']:.3f}, conditional acceptance by position "
+        f"{' '.join(f'{a:.3f}' for a in forced['acceptance_by_position'])}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Replay `--k auto` and every fixed k on a bench-adaptive run's recorded outputs, priced by its cost model.
 
-    python scripts/replay_controller.py bench-out/adaptive-q5-smollm2-135m-instruct --prompts ../shared/data/specbench_dev.jsonl --per-category 3
+    python scripts/replay_controller.py bench-out/adaptive-q5-smollm2-135m-instruct \
+        --prompts ../shared/data/specbench_dev.jsonl --per-category 3
 
 Timing noise on a shared 2-core machine is as large as the differences between auto and the best
 fixed k; this takes it out (`quickdraft.bench.replay`). Each quality prompt's recorded target
@@ -34,19 +35,30 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a quickdraft bench-adaptive --out directory with the quality case")
     parser.add_argument("--prompts", required=True, help="the JSONL file the run used")
     parser.add_argument("--per-category", type=int, default=2, help="the run's --per-category (default 2)")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="the run's --model (its tokenizer renders the prompts)")
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="the run's --model (its tokenizer renders the prompts)"
+    )
     args = parser.parse_args()
     raw = json.loads((args.run / "adaptive-raw.json").read_text())
     quality = json.loads((args.run / "adaptive.json").read_text())["results"]["quality"]
     v = quality["costs"]["end"]["v"]  # [k_max + 1]
-    outputs = {m["prompt"]: m["token_ids"] for m in raw if m["case"] == "quality" and m["setting"] == "target" and m["round"] == 0}
+    outputs = {
+        m["prompt"]: m["token_ids"]
+        for m in raw
+        if m["case"] == "quality" and m["setting"] == "target" and m["round"] == 0
+    }
     tokenizer = AutoTokenizer.from_pretrained(local_model_dir(args.model))
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category)
     chat = bool(tokenizer.chat_template)  # as bench-adaptive: a base model without a template sees plain text
     encoded = [encode_prompt(tokenizer, p.first_turn, chat, args.model) for p in prompts]
     if quality.get("drafters", ["ngram"]) != ["ngram"]:
-        parser.error(f"{args.run} compared {', '.join(quality['drafters'])}; the replay covers runs with the n-gram drafter alone")
-    settings = {label: fixed_k(label) for label in fixed_labels(quality["speeds"]["overall"])} | {"auto": None}  # the run's fixed ks
+        parser.error(
+            f"{args.run} compared {', '.join(quality['drafters'])}; "
+            "the replay covers runs with the n-gram drafter alone"
+        )
+    settings = {label: fixed_k(label) for label in fixed_labels(quality["speeds"]["overall"])} | {
+        "auto": None
+    }  # the run's fixed ks
     memory = ControllerMemory(TargetCost(v))
     speeds = {}  # setting -> category -> tokens per t(1)
     for label, k in settings.items():

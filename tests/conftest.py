@@ -24,7 +24,9 @@ def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     return {
         "llama": save_tiny_model(root / "llama", llama_config(TINY_VOCAB), seed=0),
-        "llama-long": save_tiny_model(root / "llama-long", llama_config(TINY_VOCAB, max_position_embeddings=LONG_CONTEXT), seed=0),
+        "llama-long": save_tiny_model(
+            root / "llama-long", llama_config(TINY_VOCAB, max_position_embeddings=LONG_CONTEXT), seed=0
+        ),
         "llama-other": save_tiny_model(root / "llama-other", llama_config(TINY_VOCAB, num_hidden_layers=1), seed=1),
         "gemma3": save_tiny_model(root / "gemma3", gemma3_config(TINY_VOCAB), seed=2),
     }

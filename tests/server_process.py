@@ -53,7 +53,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model_dir: Path, log_path: Path, *extra_args: str, api_key: str | None = None, timeout: float = 180) -> ServerProcess:
+def start_server(
+    model_dir: Path, log_path: Path, *extra_args: str, api_key: str | None = None, timeout: float = 180
+) -> ServerProcess:
     """`python -m quickdraft serve` on a free loopback port; returns once GET /health is 200."""
     port = free_port()
     command = [sys.executable, "-m", "quickdraft", "serve", "--model", str(model_dir), "--port", str(port), *extra_args]

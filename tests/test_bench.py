@@ -31,8 +31,24 @@ def run_bench(tmp_path: Path, model_dir: Path, drafters: str, k: str = "1,2") ->
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     out = tmp_path / "out"
     argv = [
-        "bench", "--model", str(model_dir), "--drafters", drafters, "--k", k, "--dataset", str(dataset),
-        "--max-new-tokens", str(MAX_NEW_TOKENS), "--repeats", str(REPEATS), "--peers", "hf", "--out", str(out), "--no-progress",
+        "bench",
+        "--model",
+        str(model_dir),
+        "--drafters",
+        drafters,
+        "--k",
+        k,
+        "--dataset",
+        str(dataset),
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        "--repeats",
+        str(REPEATS),
+        "--peers",
+        "hf",
+        "--out",
+        str(out),
+        "--no-progress",
     ]
     assert main(argv) == 0
     return json.loads((out / "results.json").read_text())
@@ -169,7 +185,21 @@ def test_joined_drafters_run_once_under_auto_and_stay_exact(tmp_path, tiny_dirs)
 
 def test_joined_drafters_without_auto_are_refused_before_loading_models(tmp_path, capsys):
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
-    code = main(["bench", "--model", str(tmp_path / "no-model"), "--drafters", "ngram+head", "--k", "4", "--dataset", str(dataset), "--out", str(tmp_path / "out")])
+    code = main(
+        [
+            "bench",
+            "--model",
+            str(tmp_path / "no-model"),
+            "--drafters",
+            "ngram+head",
+            "--k",
+            "4",
+            "--dataset",
+            str(dataset),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert code == 2
     assert "ngram+head joins drafters for --k auto" in capsys.readouterr().err
 
@@ -179,7 +209,10 @@ def test_joined_drafters_without_auto_are_refused_before_loading_models(tmp_path
     [
         ([PROMPTS[0], "{not json"], ":2: not valid JSON"),
         ([{"question_id": 1, "category": "writing"}], ":1: missing turns"),
-        ([PROMPTS[0], {"question_id": 2, "category": "writing", "turns": "hello"}], ":2: turns must be a non-empty list"),
+        (
+            [PROMPTS[0], {"question_id": 2, "category": "writing", "turns": "hello"}],
+            ":2: turns must be a non-empty list",
+        ),
         ([{"question_id": 1, "category": "writing", "turns": []}], ":1: turns must be a non-empty list"),
         ([{"question_id": 1.5, "category": "writing", "turns": ["hi"]}], ":1: question_id must be"),
         ([{"question_id": 1, "category": 7, "turns": ["hi"]}], ":1: category must be a non-empty string"),
@@ -199,7 +232,9 @@ def test_malformed_datasets_are_rejected_naming_the_line(tmp_path, lines, expect
 
 def test_cli_reports_a_bad_dataset_in_one_line_before_loading_models(tmp_path, capsys):
     path = write_jsonl(tmp_path / "prompts.jsonl", [PROMPTS[0], "{oops"])
-    code = main(["bench", "--model", str(tmp_path / "no-model"), "--dataset", str(path), "--out", str(tmp_path / "out")])
+    code = main(
+        ["bench", "--model", str(tmp_path / "no-model"), "--dataset", str(path), "--out", str(tmp_path / "out")]
+    )
     error = capsys.readouterr().err
     assert code == 2
     assert error.count("\n") == 1 and f"{path}:2: not valid JSON" in error

@@ -20,13 +20,39 @@ from tests.test_bench import PROMPTS, write_jsonl
 KS = [1, 3]
 
 
-def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(tmp_path, tiny_dirs, monkeypatch, capsys):
+def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(
+    tmp_path, tiny_dirs, monkeypatch, capsys
+):
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     out = tmp_path / "out"
-    argv = ["bench-adaptive", "--model", str(tiny_dirs["llama"]), "--prompts", str(dataset), "--ks", ",".join(map(str, KS)),
-            "--per-category", "1", "--max-new-tokens", "16", "--safety-prompts", "2", "--safety-max-new-tokens", "16",
-            "--draft-layers", "1", "--threads", "1", "--runtime", "native", "--dtype", "float32", "--out", str(out)]
+    argv = [
+        "bench-adaptive",
+        "--model",
+        str(tiny_dirs["llama"]),
+        "--prompts",
+        str(dataset),
+        "--ks",
+        ",".join(map(str, KS)),
+        "--per-category",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--safety-prompts",
+        "2",
+        "--safety-max-new-tokens",
+        "16",
+        "--draft-layers",
+        "1",
+        "--threads",
+        "1",
+        "--runtime",
+        "native",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = json.loads((out / "adaptive.json").read_text())["results"]
     settings = {"target", "auto", *(f"k={k}" for k in KS)}
@@ -43,7 +69,12 @@ def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(t
     assert same["reference"] in {f"k={k}" for k in KS} and same["of"] == 2 and 0 <= same["generations"] <= 2
     assert same == same_work_timing([m for m in raw if m.case == "quality"], same["reference"])
     report = (out / "adaptive.md").read_text()
-    assert "### Safety" in report and "### Quality" in report and "Timing noise:" in report and report in capsys.readouterr().out
+    assert (
+        "### Safety" in report
+        and "### Quality" in report
+        and "Timing noise:" in report
+        and report in capsys.readouterr().out
+    )
     assert Image.open(out / "adaptive.png").size[0] > 0
 
 
@@ -51,9 +82,31 @@ def test_quality_with_several_drafters_runs_each_alone_at_every_k_and_auto_over_
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     draft = str(tiny_dirs["llama-other"])
     out = tmp_path / "out"
-    argv = ["bench-adaptive", "--model", str(tiny_dirs["llama"]), "--prompts", str(dataset), "--cases", "quality",
-            "--drafters", f"ngram,{draft}", "--ks", ",".join(map(str, KS)), "--per-category", "1", "--max-new-tokens", "12",
-            "--threads", "1", "--runtime", "native", "--dtype", "float32", "--out", str(out)]
+    argv = [
+        "bench-adaptive",
+        "--model",
+        str(tiny_dirs["llama"]),
+        "--prompts",
+        str(dataset),
+        "--cases",
+        "quality",
+        "--drafters",
+        f"ngram,{draft}",
+        "--ks",
+        ",".join(map(str, KS)),
+        "--per-category",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--threads",
+        "1",
+        "--runtime",
+        "native",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     quality = json.loads((out / "adaptive.json").read_text())["results"]["quality"]
     fixed = [f"{drafter} k={k}" for drafter in (draft, "ngram") for k in KS]
@@ -63,7 +116,9 @@ def test_quality_with_several_drafters_runs_each_alone_at_every_k_and_auto_over_
     assert auto_steps <= {"none", "ngram", draft}
     for m in load_raw(out / "adaptive-raw.json"):
         if m.setting in fixed:
-            assert set(m.drafter_steps) <= {"none", fixed_drafter(m.setting)}, "a fixed setting drafts with its one drafter"
+            assert set(m.drafter_steps) <= {"none", fixed_drafter(m.setting)}, (
+                "a fixed setting drafts with its one drafter"
+            )
     assert f"### Quality: ngram, {draft} on the dev prompts" in (out / "adaptive.md").read_text()
     assert Image.open(out / "adaptive.png").size[0] > 0
 
@@ -72,8 +127,20 @@ def test_same_work_timing_compares_only_generations_with_identical_steps():
     def run(setting, prompt, k_per_step, seconds):
         return Measurement("quality", "writing", prompt, 0, setting, 10, seconds, seconds, [], k_per_step, {})
 
-    runs = [run("k=3", 0, [3, 3], 1.0), run("auto", 0, [3, 3], 1.25), run("k=3", 1, [3, 0], 1.0), run("auto", 1, [3, 1], 0.5)]
-    assert same_work_timing(runs, "k=3") == {"reference": "k=3", "generations": 1, "of": 2, "median": 0.8, "min": 0.8, "max": 0.8}
+    runs = [
+        run("k=3", 0, [3, 3], 1.0),
+        run("auto", 0, [3, 3], 1.25),
+        run("k=3", 1, [3, 0], 1.0),
+        run("auto", 1, [3, 1], 0.5),
+    ]
+    assert same_work_timing(runs, "k=3") == {
+        "reference": "k=3",
+        "generations": 1,
+        "of": 2,
+        "median": 0.8,
+        "min": 0.8,
+        "max": 0.8,
+    }
     assert same_work_timing(runs, "k=1") == {"reference": "k=1", "generations": 0, "of": 2}
     empty = [run("k=3", 2, [], 0.01), run("auto", 2, [], 0.01)]
     empty = [replace(m, tokens=0) for m in empty]  # the prompt was answered with end-of-sequence at once
@@ -96,7 +163,9 @@ def smollm2(builtin_model_dir):
 def test_replaying_a_fixed_k_takes_exactly_the_engines_steps(smollm2, k):
     """The replay behind scripts/replay_controller.py drafts and accepts as the engine did on the same output."""
     engine = Engine(smollm2, SpecConfig(drafter="ngram", k=k))
-    prompt_ids = engine.encode("Rewrite in the past tense: I walk to the market, I buy bread, I talk with the baker.", chat=True)
+    prompt_ids = engine.encode(
+        "Rewrite in the past tense: I walk to the market, I buy bread, I talk with the baker.", chat=True
+    )
     result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
     assert result.stats.accepted_tokens > 0
     memory = ControllerMemory(TargetCost([1.0] * 9))
@@ -104,7 +173,8 @@ def test_replaying_a_fixed_k_takes_exactly_the_engines_steps(smollm2, k):
 
 
 def test_replaying_auto_follows_the_cost_model():
-    """Output that repeats its prompt: cheap verification makes auto draft long; a linear cost makes it stop drafting."""
+    """Output that repeats its prompt: cheap verification makes auto draft long; a linear cost makes it
+    stop drafting."""
     prompt_ids = list(range(10, 30))
     output = list(range(10, 30)) * 3
     cheap = replay(prompt_ids, output, None, ControllerMemory(TargetCost([1.0] * 9)))

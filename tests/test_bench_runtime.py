@@ -9,8 +9,22 @@ from tests.test_bench import PROMPTS, write_jsonl
 
 def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_path, tiny_dirs, capsys):
     dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
-    argv = ["bench-runtime", "--models", str(tiny_dirs["llama-long"]), "--repeats", "1", "--threads", "1",
-            "--dev-prompts", str(dataset), "--per-category", "1", "--max-new-tokens", "12", "--json"]
+    argv = [
+        "bench-runtime",
+        "--models",
+        str(tiny_dirs["llama-long"]),
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--dev-prompts",
+        str(dataset),
+        "--per-category",
+        "1",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
@@ -18,7 +32,9 @@ def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_pat
     assert summary["model"] == str(tiny_dirs["llama-long"]) and summary["threads"] == 1
     for key in ("hf_tokens_per_second", "native_fp32_tokens_per_second", "native_tokens_per_second"):
         assert summary[key] > 0
-    assert summary["native_tokens_per_second"] == summary["native_by_dtype"][summary["default_dtype"]]["tokens_per_second"]
+    assert (
+        summary["native_tokens_per_second"] == summary["native_by_dtype"][summary["default_dtype"]]["tokens_per_second"]
+    )
     assert [int(k) for k in summary["verify_cost"]] == list(VERIFY_KS)
     assert all(v > 0 for v in summary["verify_cost"].values())
     assert all(r["matmul_ceiling_tokens_per_second"] > 0 for r in summary["native_by_dtype"].values())

@@ -14,13 +14,32 @@ def quickdraft(*args: str) -> subprocess.CompletedProcess:
 
 def test_generate_json_with_compare(tiny_dirs):
     out = quickdraft(
-        "generate", "The quick brown fox", "--model", str(tiny_dirs["llama"]), "--runtime", "hf",
-        "--drafter", "ngram", "--k", "3", "--max-new-tokens", "24", "--compare", "--json",
+        "generate",
+        "The quick brown fox",
+        "--model",
+        str(tiny_dirs["llama"]),
+        "--runtime",
+        "hf",
+        "--drafter",
+        "ngram",
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "24",
+        "--compare",
+        "--json",
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    for key in ("generated_tokens", "target_forwards", "draft_tokens", "accepted_tokens",
-                "acceptance_rate", "mean_accepted_length", "tokens_per_second"):
+    for key in (
+        "generated_tokens",
+        "target_forwards",
+        "draft_tokens",
+        "accepted_tokens",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "tokens_per_second",
+    ):
         assert key in report["stats"], key
     assert report["identical"] is True
     assert report["text"] == report["baseline_text"]
@@ -28,7 +47,9 @@ def test_generate_json_with_compare(tiny_dirs):
 
 
 def test_generate_streams_text_and_prints_stats(tiny_dirs):
-    out = quickdraft("generate", "Once upon a time", "--model", str(tiny_dirs["gemma3"]), "--runtime", "hf", "--max-new-tokens", "12")
+    out = quickdraft(
+        "generate", "Once upon a time", "--model", str(tiny_dirs["gemma3"]), "--runtime", "hf", "--max-new-tokens", "12"
+    )
     assert out.returncode == 0, out.stderr
     assert "mean accepted length tau" in out.stdout
     assert "acceptance by draft position" in out.stdout
@@ -42,7 +63,11 @@ def test_generate_streams_text_and_prints_stats(tiny_dirs):
         (["--top-k", "-3"], 2, "top_k must be >= 0"),
         (["--k", "-1"], 2, "k must be >= 0"),
         (["--model", "no-such-model"], 2, "unknown model 'no-such-model'"),
-        (["--model", "/nonexistent/model.gguf"], 1, "no such file or directory: /nonexistent/model.gguf; check the path"),
+        (
+            ["--model", "/nonexistent/model.gguf"],
+            1,
+            "no such file or directory: /nonexistent/model.gguf; check the path",
+        ),
     ],
 )
 def test_bad_input_gives_one_line_error_and_exit_code(tiny_dirs, args, code, message):
@@ -76,6 +101,19 @@ def test_corrupted_model_file_is_a_runtime_error(tmp_path):
 
 def test_help_explains_every_flag():
     out = quickdraft("generate", "--help")
-    for flag in ("--model", "--drafter", "--k", "--temperature", "--top-k", "--top-p", "--seed",
-                 "--max-new-tokens", "--stop", "--chat", "--compare", "--json", "--runtime"):
+    for flag in (
+        "--model",
+        "--drafter",
+        "--k",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--seed",
+        "--max-new-tokens",
+        "--stop",
+        "--chat",
+        "--compare",
+        "--json",
+        "--runtime",
+    ):
         assert flag in out.stdout

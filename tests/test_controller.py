@@ -44,7 +44,10 @@ def test_picks_plain_decoding_when_drafting_cannot_pay():
 
 
 def test_picks_a_large_k_when_acceptance_is_near_one_and_drafting_is_cheap():
-    assert (choose([option("ngram", 0.98)], LINEAR_TARGET).drafter, choose([option("ngram", 0.98)], LINEAR_TARGET).k) == ("ngram", K_MAX)
+    assert (
+        choose([option("ngram", 0.98)], LINEAR_TARGET).drafter,
+        choose([option("ngram", 0.98)], LINEAR_TARGET).k,
+    ) == ("ngram", K_MAX)
     assert choose([option("model", 0.95, seconds_per_token=0.02)], LINEAR_TARGET).k >= 6
 
 
@@ -57,7 +60,9 @@ def test_k_grows_with_acceptance_and_shrinks_with_draft_cost():
 
 def test_switches_drafters_when_their_acceptance_crosses():
     fixed = option("model", 0.6, seconds_per_token=0.1)
-    picked = [choose([fixed, option("other", a, seconds_per_token=0.1)], LINEAR_TARGET).drafter for a in (0.3, 0.5, 0.7, 0.9)]
+    picked = [
+        choose([fixed, option("other", a, seconds_per_token=0.1)], LINEAR_TARGET).drafter for a in (0.3, 0.5, 0.7, 0.9)
+    ]
     assert picked == ["model", "model", "other", "other"]
 
 
@@ -194,7 +199,9 @@ def simulate(controller, drafters, steps: int, target_token: int, catch_up: floa
             draft = drafters[plan.drafter].propose([], plan.k) if plan.k else Draft(())
         accepted = sum(outcomes(draft.token_ids, (target_token,) * len(draft)))
         draft_seconds = 0.3 * len(draft) + catch_up * behind if plan.drafter == "model" else 0.0
-        controller.observe(plan, draft, Verdict(accepted, (target_token,) * (accepted + 1)), draft_seconds, LINEAR_TARGET[len(draft)])
+        controller.observe(
+            plan, draft, Verdict(accepted, (target_token,) * (accepted + 1)), draft_seconds, LINEAR_TARGET[len(draft)]
+        )
         behind = 1 if plan.drafter == "model" else behind + accepted + 1
         choices.append((plan.drafter, plan.k))
         tokens += accepted + 1
@@ -285,7 +292,10 @@ SMALL_DRAFT_MODEL = (0.05, 0.3)
 
 
 def auto_engine(
-    target: LoadedModel, draft_dirs: dict[str, object], drafter: str, pinned: tuple[float, float] | None = CHEAP_DRAFTING
+    target: LoadedModel,
+    draft_dirs: dict[str, object],
+    drafter: str,
+    pinned: tuple[float, float] | None = CHEAP_DRAFTING,
 ) -> Engine:
     """An engine with k="auto" whose draft models `draft-*` are loaded from `draft_dirs`.
 
@@ -338,11 +348,16 @@ def test_greedy_output_with_auto_is_identical_to_target_alone(tiny_models, engin
 
 
 def test_a_hopeless_drafter_ends_up_drafting_nothing_on_most_steps(tiny_models, tiny_dirs):
-    engine = auto_engine(tiny_models["llama"], {"draft-other": tiny_dirs["llama-other"]}, "draft-other", SMALL_DRAFT_MODEL)
+    engine = auto_engine(
+        tiny_models["llama"], {"draft-other": tiny_dirs["llama-other"]}, "draft-other", SMALL_DRAFT_MODEL
+    )
     result = engine.generate("The quick brown fox", SamplingParams(max_new_tokens=80, ignore_eos=True))
     stats = result.stats
     assert stats.k_histogram[0] >= 0.75 * stats.steps
-    assert result.token_ids == baseline(tiny_models["llama"], "The quick brown fox", replace(GREEDY, max_new_tokens=80)).token_ids
+    assert (
+        result.token_ids
+        == baseline(tiny_models["llama"], "The quick brown fox", replace(GREEDY, max_new_tokens=80)).token_ids
+    )
 
 
 @pytest.mark.parametrize("drafter", ["draft-self", "ngram,draft-other"])
@@ -379,13 +394,17 @@ def test_sampling_with_auto_runs_and_reports_its_choices(tiny_models, engines):
 
 
 def test_calibration_is_done_once_per_engine(tiny_models, tiny_dirs):
-    engine = auto_engine(tiny_models["llama"], {"draft-other": tiny_dirs["llama-other"]}, "ngram,draft-other", pinned=None)
+    engine = auto_engine(
+        tiny_models["llama"], {"draft-other": tiny_dirs["llama-other"]}, "ngram,draft-other", pinned=None
+    )
     memory = engine.calibrate()
     assert memory.target.max_tokens == K_MAX + 1 and memory.target.seconds(1) > 0
     assert set(memory.draft_costs) == {"draft-other"} and memory.draft_costs["draft-other"].seconds_per_token > 0
     engine.generate("Once upon a time", SamplingParams(max_new_tokens=5))
     assert engine.calibrate() is memory
-    assert engine.calibrate(SpecConfig(drafter="ngram", k_max=12)).target.max_tokens == 13  # a longer k_max recalibrates
+    assert (
+        engine.calibrate(SpecConfig(drafter="ngram", k_max=12)).target.max_tokens == 13
+    )  # a longer k_max recalibrates
 
 
 def test_auto_with_no_drafter_is_plain_decoding(tiny_models):

@@ -22,9 +22,15 @@ from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model, load_model_dir
 
-WORDS = "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast".split()
-TINY_GENERATION = GenerationConfig(max_new_tokens=24, batch_size=8, chunk_prompts=16, dtype="bfloat16")  # a writer loaded apart from the target
-TINY_TRAINING = TrainConfig(epochs=20, batch_sequences=4, lr=1e-2, warmup_steps=5, unroll=2, ce_weight=1.0, eval_every=1000, eval_k=3)
+WORDS = (
+    "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast"
+).split()
+TINY_GENERATION = GenerationConfig(
+    max_new_tokens=24, batch_size=8, chunk_prompts=16, dtype="bfloat16"
+)  # a writer loaded apart from the target
+TINY_TRAINING = TrainConfig(
+    epochs=20, batch_sequences=4, lr=1e-2, warmup_steps=5, unroll=2, ce_weight=1.0, eval_every=1000, eval_k=3
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,14 @@ def prompts_file(tmp_path_factory):
 def distilled(tiny_dirs, prompts_file, tmp_path_factory):
     """A head distilled from the tiny Llama: (options, output directory)."""
     options = DistillOptions(
-        target=str(tiny_dirs["llama"]), out=tmp_path_factory.mktemp("distill") / "run", prompts=prompts_file,
-        tokens=500, generation=TINY_GENERATION, training=TINY_TRAINING, eval_prompts=2, command="test",
+        target=str(tiny_dirs["llama"]),
+        out=tmp_path_factory.mktemp("distill") / "run",
+        prompts=prompts_file,
+        tokens=500,
+        generation=TINY_GENERATION,
+        training=TINY_TRAINING,
+        eval_prompts=2,
+        command="test",
     )
     return options, distill(options)
 
@@ -55,7 +67,9 @@ def test_distill_writes_a_loadable_head_with_config_and_card(distilled, tiny_mod
     card = (out / "README.md").read_text()
     assert "held-out tau@3" in card and "answer tokens" in card and "```\ntest\n```" in card
     engine = Engine(tiny_models["llama"], SpecConfig(drafter=f"head:{out}", k=3))
-    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate("the quick brown fox", SamplingParams(max_new_tokens=20))
+    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate(
+        "the quick brown fox", SamplingParams(max_new_tokens=20)
+    )
     assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=20)).token_ids == expected.token_ids
 
 
@@ -98,7 +112,9 @@ def test_complete_data_is_not_regenerated_and_loads_no_writer(distilled):
         raise AssertionError("the writer model was loaded although the data is complete")
 
     identity = target_identity(load_model(options.target, runtime="hf"))
-    total = generate_shards(no_writer, load_prompts(options.prompts), out / "data", options.tokens, options.generation, identity)
+    total = generate_shards(
+        no_writer, load_prompts(options.prompts), out / "data", options.tokens, options.generation, identity
+    )
     assert total >= options.tokens
     assert (out / "data" / "manifest.json").read_text() == manifest
 
@@ -113,7 +129,13 @@ def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
     def trainer(epochs):
         torch.manual_seed(0)
         head = build_head(HeadConfig.like_target(target.runner.model.config), target, vocab_ids)
-        return Trainer(HeadObjective(head, replace(config, epochs=epochs)), train, heldout, replace(config, epochs=epochs), tmp_path / "c.pt")
+        return Trainer(
+            HeadObjective(head, replace(config, epochs=epochs)),
+            train,
+            heldout,
+            replace(config, epochs=epochs),
+            tmp_path / "c.pt",
+        )
 
     first = trainer(1)
     first.run()
@@ -137,7 +159,9 @@ def test_init_head_starts_from_that_heads_weights_and_vocabulary(distilled, tiny
     card = (again / "README.md").read_text()
     assert f"Training started from the head in `{out}`" in card
     tau = json.loads((again / "config.json").read_text())["heldout"]["tau"]
-    assert f"{tau:.2f} (starting head: {tau:.2f})" in card, "the card compares with the head it started from, unchanged at lr 0"
+    assert f"{tau:.2f} (starting head: {tau:.2f})" in card, (
+        "the card compares with the head it started from, unchanged at lr 0"
+    )
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
@@ -158,7 +182,9 @@ def test_int8_rounded_writer_computes_what_the_native_int8_runtime_computes(tiny
     floor = (hf(plain) - native("bfloat16")).abs().mean()  # the same weights, arithmetic in another order
     assert (hf(rounded) - native("int8")).abs().mean() < 1.4 * floor
     assert (hf(plain) - native("int8")).abs().mean() > 1.7 * floor
-    torch.testing.assert_close(rounded.get_input_embeddings().weight, plain.get_input_embeddings().weight)  # only matrices are rounded
+    torch.testing.assert_close(
+        rounded.get_input_embeddings().weight, plain.get_input_embeddings().weight
+    )  # only matrices are rounded
 
 
 def test_gen_dtype_auto_resolves_to_this_cpus_native_dtype_and_the_card_command_names_it(tmp_path):
@@ -183,9 +209,13 @@ def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):
 
 def test_prompts_that_appear_in_specbench_are_dropped(tmp_path):
     evaluation = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture.", "Hi"]
-    prompts = ["compose an engaging  travel blog post about a recent trip to hawaii, highlighting culture.",
-               "Please: Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture. Thanks",
-               "hi", "Hi there", "Write a poem"]
+    prompts = [
+        "compose an engaging  travel blog post about a recent trip to hawaii, highlighting culture.",
+        "Please: Compose an engaging travel blog post about a recent trip to Hawaii, highlighting culture. Thanks",
+        "hi",
+        "Hi there",
+        "Write a poem",
+    ]
     assert drop_evaluation_prompts(prompts, evaluation) == ["Hi there", "Write a poem"]
     turns = specbench_turns()
     assert turns, "the Spec-Bench dev file (../shared/data/specbench_dev.jsonl) must be readable"
@@ -212,10 +242,27 @@ def test_vocabulary_covers_98_percent_of_heldout_answers_and_forces_eos():
 
 def test_standalone_kind_saves_a_transformers_model_usable_as_assistant(tiny_dirs, tiny_models, prompts_file, tmp_path):
     out = tmp_path / "standalone-run"
-    code = main([
-        "distill", "--target", str(tiny_dirs["llama"]), "--out", str(out), "--prompts", str(prompts_file), "--tokens", "150",
-        "--max-new-tokens", "16", "--batch-size", "8", "--epochs", "1", "--kind", "standalone",
-    ])
+    code = main(
+        [
+            "distill",
+            "--target",
+            str(tiny_dirs["llama"]),
+            "--out",
+            str(out),
+            "--prompts",
+            str(prompts_file),
+            "--tokens",
+            "150",
+            "--max-new-tokens",
+            "16",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--kind",
+            "standalone",
+        ]
+    )
     assert code == 0
     directory = out / "standalone"
     draft = AutoModelForCausalLM.from_pretrained(directory)
@@ -225,6 +272,8 @@ def test_standalone_kind_saves_a_transformers_model_usable_as_assistant(tiny_dir
     assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=draft)
     assert torch.equal(alone, assisted)
     engine = Engine(tiny_models["llama"], SpecConfig(drafter=str(directory), k=3))
-    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate("the quick brown fox", SamplingParams(max_new_tokens=16))
+    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate(
+        "the quick brown fox", SamplingParams(max_new_tokens=16)
+    )
     assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=16)).token_ids == expected.token_ids
     assert load_model_dir(directory, runtime="hf").info.vocab_size == 320

@@ -149,7 +149,13 @@ def test_rejection_sampling_with_reduced_vocabulary_follows_the_target():
     assert chisquare(observed, (target_probs.double() / target_probs.double().sum() * samples).tolist()).pvalue > 1e-3
     assert sum(counts[i] for i in range(vocab) if i not in reduced.tolist()) > 0  # out-of-vocab mass recovered
     dishonest, _ = _first_token_counts(draft_probs, target_probs, samples, honest=False)
-    assert chisquare([dishonest[i] for i in range(vocab)], (target_probs.double() / target_probs.double().sum() * samples).tolist()).pvalue < 1e-6
+    assert (
+        chisquare(
+            [dishonest[i] for i in range(vocab)],
+            (target_probs.double() / target_probs.double().sum() * samples).tolist(),
+        ).pvalue
+        < 1e-6
+    )
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -170,7 +176,9 @@ def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_mode
     for _ in range(samples):
         draft = drafter.propose(prompt + [pending], 1)
         proposed.add(draft.token_ids[0])
-        verdict = rejection_sample(torch.tensor(draft.token_ids), draft.probs, torch.stack([target_probs] * 2), generator)
+        verdict = rejection_sample(
+            torch.tensor(draft.token_ids), draft.probs, torch.stack([target_probs] * 2), generator
+        )
         counts[verdict.tokens[0]] += 1
     assert proposed <= set(vocab_ids.tolist())
     support = target_probs > 0
@@ -204,8 +212,11 @@ def test_head_drafter_from_a_directory_through_the_engine(tiny_models, tmp_path)
     assert config["target"]["vocab_size"] == target.info.vocab_size
 
 
-def test_default_drafter_adds_a_head_shipped_for_the_target_under_auto_only(tiny_models, tiny_dirs, tmp_path, monkeypatch):
-    """ngram alone by default; ngram,head under k=auto when a head for these very weights ships under the target's name."""
+def test_default_drafter_adds_a_head_shipped_for_the_target_under_auto_only(
+    tiny_models, tiny_dirs, tmp_path, monkeypatch
+):
+    """ngram alone by default; ngram,head under k=auto when a head for these very weights ships under
+    the target's name."""
     monkeypatch.setattr(head_drafters, "SHIPPED_HEADS", tmp_path)
     llama, gemma = tiny_models["llama"], tiny_models["gemma3"]
     assert default_drafter(llama, "auto") == "ngram"  # nothing ships yet
@@ -242,9 +253,23 @@ def test_generate_by_default_drafts_with_ngram_and_the_shipped_head(builtin_mode
     """`quickdraft generate` with no --drafter on the built-in model: both drafters under k=auto, output unchanged."""
     builtin_model_dir("smollm2-135m-instruct")
     out = subprocess.run(
-        [sys.executable, "-m", "quickdraft", "generate", "--chat", "--json", "--compare", "--max-new-tokens", "32", "--threads", "1",
-         "Write two sentences about a lighthouse keeper."],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "quickdraft",
+            "generate",
+            "--chat",
+            "--json",
+            "--compare",
+            "--max-new-tokens",
+            "32",
+            "--threads",
+            "1",
+            "Write two sentences about a lighthouse keeper.",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

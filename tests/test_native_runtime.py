@@ -10,8 +10,15 @@ magnitude ~1-5, and we allow 0.15 absolute (int8: 0.3).
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig,
-                          Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
@@ -21,44 +28,84 @@ from quickdraft.models.native.layers import AttentionWindow
 FP32_TOL = 1e-3
 LOW_PRECISION_TOL = {"bfloat16": 0.15, "int8": 0.3}
 VOCAB = 96
-_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-               max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=[1, 5])
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    eos_token_id=[1, 5],
+)
 
 VARIANTS = {
-    "llama_mha_untied": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=4,
-                                            tie_word_embeddings=False),
-    "llama_gqa2_tied_linear": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                                  tie_word_embeddings=True,
-                                                  rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                   "rope_theta": 10000.0}),
-    "llama_gqa4_llama3_rope": lambda: LlamaConfig(**_COMMON, num_attention_heads=8, num_key_value_heads=2,
-                                                  head_dim=16, rope_parameters={
-                                                      "rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
-                                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                      "original_max_position_embeddings": 64}),
-    "llama_dynamic_rope_bias": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=1,
-                                                   attention_bias=True, rope_parameters={
-                                                       "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
-    "qwen2_qkv_bias": lambda: Qwen2Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                          tie_word_embeddings=False),
-    "qwen3_qk_norm_sliding": lambda: Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                                 head_dim=32, use_sliding_window=True, sliding_window=6,
-                                                 max_window_layers=1),
-    "mistral_sliding": lambda: MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                             sliding_window=7),
-    "gemma3_interleaved": lambda: Gemma3TextConfig(**{**_COMMON, "num_hidden_layers": 4}, num_attention_heads=4,
-                                                   num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=24,
-                                                   sliding_window=5, layer_types=["sliding_attention", "sliding_attention",
-                                                                                  "full_attention", "sliding_attention"],
-                                                   rope_parameters={
-                                                       "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                                       "sliding_attention": {"rope_type": "default",
-                                                                             "rope_theta": 1e4}}),
-    "gemma3_softcap_untied": lambda: Gemma3TextConfig(**_COMMON, num_attention_heads=2, num_key_value_heads=2,
-                                                      head_dim=32, sliding_window=4, final_logit_softcapping=5.0,
-                                                      tie_word_embeddings=False,
-                                                      layer_types=["sliding_attention", "full_attention",
-                                                                   "sliding_attention"]),
+    "llama_mha_untied": lambda: LlamaConfig(
+        **_COMMON, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False
+    ),
+    "llama_gqa2_tied_linear": lambda: LlamaConfig(
+        **_COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    ),
+    "llama_gqa4_llama3_rope": lambda: LlamaConfig(
+        **_COMMON,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "rope_theta": 500000.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "llama_dynamic_rope_bias": lambda: LlamaConfig(
+        **_COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        attention_bias=True,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    ),
+    "qwen2_qkv_bias": lambda: Qwen2Config(
+        **_COMMON, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False
+    ),
+    "qwen3_qk_norm_sliding": lambda: Qwen3Config(
+        **_COMMON,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+    ),
+    "mistral_sliding": lambda: MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2, sliding_window=7),
+    "gemma3_interleaved": lambda: Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 4},
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),
+    "gemma3_softcap_untied": lambda: Gemma3TextConfig(
+        **_COMMON,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=4,
+        final_logit_softcapping=5.0,
+        tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    ),
 }
 
 
@@ -121,9 +168,9 @@ def test_chunked_forwards_match_transformers(tiny):
     runner.prefill(ids[:4])
     position = 4
     for size in (1, 5, 2, 9, 1, 8):
-        logits = runner.forward(ids[position:position + size])
+        logits = runner.forward(ids[position : position + size])
         assert logits.shape == (size, VOCAB)
-        assert _max_diff(logits, reference[position:position + size]) <= FP32_TOL
+        assert _max_diff(logits, reference[position : position + size]) <= FP32_TOL
         position += size
 
 
@@ -142,7 +189,7 @@ def test_rollback_then_new_tokens_equals_fresh_run(tiny, keep):
     assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep:]) <= FP32_TOL
     runner.rollback(keep + 2)
     logits = runner.forward(replacement[2:4])
-    assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep + 2:keep + 4]) <= FP32_TOL
+    assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep + 2 : keep + 4]) <= FP32_TOL
 
 
 def test_return_hidden_is_the_final_norm_state_like_transformers(tiny):
@@ -155,7 +202,9 @@ def test_return_hidden_is_the_final_norm_state_like_transformers(tiny):
     assert logits.shape == (VOCAB,) and hidden.shape == (8, 64) and hidden.dtype == torch.float32
     step_logits, step_hidden = runner.forward(ids[8:], return_hidden=True)
     assert step_hidden.shape == (4, 64)
-    assert _max_diff(torch.cat((hidden, step_hidden)), out.hidden_states[-1][0]) <= FP32_TOL  # post-norm, as transformers
+    assert (
+        _max_diff(torch.cat((hidden, step_hidden)), out.hidden_states[-1][0]) <= FP32_TOL
+    )  # post-norm, as transformers
     assert _max_diff(step_logits, out.logits[0, 8:]) <= FP32_TOL
 
 
@@ -165,7 +214,9 @@ def test_embedding_matrices_match_the_checkpoint(tiny):
     assert torch.equal(embeddings, model.get_input_embeddings().weight)
     assert torch.equal(output, model.get_output_embeddings().weight)
     _, int8_output = native_runner_for(path, "int8", "cpu").embedding_matrices()
-    assert _max_diff(int8_output, output) <= 2 * output.abs().max().item() / 127  # int8 rounding plus bf16 weights and scales
+    assert (
+        _max_diff(int8_output, output) <= 2 * output.abs().max().item() / 127
+    )  # int8 rounding plus bf16 weights and scales
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -188,8 +239,10 @@ def test_greedy_speculation_equals_one_token_decoding(tiny, dtype):
     prompt = _tokens(6, seed=6)
     plain = _greedy(runner, prompt, 24)
     rng = torch.Generator().manual_seed(7)
-    for draft_of in (lambda out, k: plain[len(out):len(out) + k],  # all accepted
-                     lambda out, k: torch.randint(2, VOCAB, (k,), generator=rng).tolist()):  # mostly rejected
+    for draft_of in (
+        lambda out, k: plain[len(out) : len(out) + k],  # all accepted
+        lambda out, k: torch.randint(2, VOCAB, (k,), generator=rng).tolist(),
+    ):  # mostly rejected
         assert _speculative_greedy(runner, prompt, 24, draft_of, k=4) == plain
 
 
@@ -207,7 +260,7 @@ def _speculative_greedy(runner, prompt, steps, draft_of, k):
         base = runner.cache_length
         targets = runner.forward([out[-1]] + draft).argmax(dim=-1).tolist()  # [k + 1]
         accepted = next((i for i, (d, t) in enumerate(zip(draft, targets)) if d != t), len(draft))
-        out.extend(targets[:accepted + 1])
+        out.extend(targets[: accepted + 1])
         runner.rollback(base + accepted + 1)
     return out[:steps]
 
@@ -218,7 +271,7 @@ def test_cache_grows_past_initial_capacity(tiny, monkeypatch):
     runner = native_runner_for(path, "float32", "cpu")
     ids = _tokens(40, seed=8)
     runner.prefill(ids[:6])
-    logits = torch.cat([runner.forward(ids[i:i + 3]) for i in range(6, 39, 3)])
+    logits = torch.cat([runner.forward(ids[i : i + 3]) for i in range(6, 39, 3)])
     assert _max_diff(logits, _reference(model, ids)[6:39]) <= FP32_TOL
 
 
@@ -244,8 +297,14 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
     """Every row of a k-token forward is bit-identical to the 1-token forward at its position, for
     contexts just before, at and past a sliding window long enough for reductions to be blocked."""
     window = 512  # gemma-3-270m's
-    config = Gemma3TextConfig(**{**_COMMON, "max_position_embeddings": 1024}, num_attention_heads=4, num_key_value_heads=1,
-                              head_dim=256, sliding_window=window, layer_types=["sliding_attention"] * 3)
+    config = Gemma3TextConfig(
+        **{**_COMMON, "max_position_embeddings": 1024},
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=window,
+        layer_types=["sliding_attention"] * 3,
+    )
     _save_random_model(config, tmp_path)
     runner = native_runner_for(tmp_path, dtype, "cpu")
     differences = {}
@@ -262,12 +321,15 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
 def test_only_verification_forwards_past_the_window_attend_per_query():
     """A prefill chunk keeps one masked product (only its last logits are returned); a verification
     forward past the window uses per-query windows, batched once every query has W keys."""
+
     def build(start, n, exact_rows):
         return AttentionWindow.build(start, n, 512, 1, torch.float32, torch.device("cpu"), exact_rows)
 
     prefill = build(600, 256, exact_rows=False)
     assert prefill.size is None and prefill.rows == ()
     assert build(600, 4, exact_rows=True).size == 512
-    assert build(505, 4, exact_rows=True).size is None and build(505, 4, exact_rows=True).rows == ()  # within the window
+    assert (
+        build(505, 4, exact_rows=True).size is None and build(505, 4, exact_rows=True).rows == ()
+    )  # within the window
     straddling = build(510, 4, exact_rows=True)
     assert straddling.size is None and [row.begin for row in straddling.rows] == [0, 0, 1, 2]

@@ -32,8 +32,23 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 def server(tiny_dirs, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     process = start_server(
-        tiny_dirs["llama-long"], log, "--runtime", "hf", "--threads", "1", "--drafter", "ngram", "--k", "4",
-        "--served-model-name", "tiny", "--max-queue", str(MAX_QUEUE), "--max-body-bytes", str(MAX_BODY), api_key=API_KEY,
+        tiny_dirs["llama-long"],
+        log,
+        "--runtime",
+        "hf",
+        "--threads",
+        "1",
+        "--drafter",
+        "ngram",
+        "--k",
+        "4",
+        "--served-model-name",
+        "tiny",
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--max-body-bytes",
+        str(MAX_BODY),
+        api_key=API_KEY,
     )
     yield process
     assert process.stop() == 0, process.log()
@@ -73,10 +88,17 @@ def test_chat_greedy_is_identical_to_the_engine(client, engine):
 
 def test_chat_stream_with_usage_is_identical_to_the_engine(client, engine):
     expected = engine.generate(MESSAGES, SamplingParams(temperature=0.8, seed=11, max_new_tokens=40), chat=True)
-    chunks = list(client.chat.completions.create(
-        model="tiny", messages=MESSAGES, max_completion_tokens=40, temperature=0.8, seed=11,
-        stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_completion_tokens=40,
+            temperature=0.8,
+            seed=11,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert all(chunk.object == "chat.completion.chunk" and chunk.id == chunks[0].id for chunk in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].delta.role for c in chunks[1:] if c.choices] == [None] * (len(chunks) - 2)
@@ -113,7 +135,13 @@ def test_completion_with_seed_and_stop_is_identical_to_the_engine(client, engine
 def test_per_request_drafter_override_keeps_the_output(client, engine):
     expected = engine.generate("The dog sleeps. The dog", SamplingParams(max_new_tokens=30))
     for options in ({"drafter": "none"}, {"drafter": "ngram", "k": 1}, {"k": 0}):
-        response = client.completions.create(model="tiny", prompt="The dog sleeps. The dog", max_tokens=30, temperature=0, extra_body={"quickdraft": options})
+        response = client.completions.create(
+            model="tiny",
+            prompt="The dog sleeps. The dog",
+            max_tokens=30,
+            temperature=0,
+            extra_body={"quickdraft": options},
+        )
         assert response.choices[0].text == expected.text, options
         speculation = response.model_extra["speculation"]
         assert speculation["drafter"] == options.get("drafter", "ngram")
@@ -123,7 +151,9 @@ def test_per_request_drafter_override_keeps_the_output(client, engine):
 
 def test_metrics_count_what_a_request_did(server, client):
     before = server.metrics()
-    response = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=25, temperature=0, extra_body={"ignore_eos": True})
+    response = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=25, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = server.metrics()
     speculation = response.model_extra["speculation"]
     reason = response.choices[0].finish_reason
@@ -137,7 +167,11 @@ def test_metrics_count_what_a_request_did(server, client):
     assert grew("quickdraft_spec_decode_num_drafts_total") == speculation["drafts"]
     assert grew("quickdraft_spec_decode_num_draft_tokens_total") == speculation["draft_tokens"]
     assert grew("quickdraft_spec_decode_num_accepted_tokens_total") == speculation["accepted_tokens"]
-    per_position = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith("quickdraft_spec_decode_num_accepted_tokens_per_pos_total"))
+    per_position = sum(
+        v - before.get(k, 0.0)
+        for k, v in after.items()
+        if k.startswith("quickdraft_spec_decode_num_accepted_tokens_per_pos_total")
+    )
     assert per_position == speculation["accepted_tokens"]
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "time_per_output_token_seconds"):
         assert grew(f"quickdraft_{histogram}_count") == 1
@@ -168,9 +202,36 @@ INVALID = [
     ("messages-missing", "POST", CHAT, {"model": "tiny"}, KEY, 400, "messages", None),
     ("messages-empty", "POST", CHAT, chat(messages=[]), KEY, 400, "messages", None),
     ("messages-string", "POST", CHAT, chat(messages="hi"), KEY, 400, "messages", None),
-    ("role-unknown", "POST", CHAT, chat(messages=[{"role": "robot", "content": "hi"}]), KEY, 400, "messages[0].role", None),
-    ("content-number", "POST", CHAT, chat(messages=[{"role": "user", "content": 5}]), KEY, 400, "messages[0].content", None),
-    ("content-image", "POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), KEY, 400, "messages[0].content", None),
+    (
+        "role-unknown",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "robot", "content": "hi"}]),
+        KEY,
+        400,
+        "messages[0].role",
+        None,
+    ),
+    (
+        "content-number",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "user", "content": 5}]),
+        KEY,
+        400,
+        "messages[0].content",
+        None,
+    ),
+    (
+        "content-image",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        KEY,
+        400,
+        "messages[0].content",
+        None,
+    ),
     ("temperature-string", "POST", CHAT, chat(temperature="hot"), KEY, 400, "temperature", None),
     ("temperature-negative", "POST", CHAT, chat(temperature=-0.5), KEY, 400, "temperature", None),
     ("temperature-too-high", "POST", TEXT, text(temperature=2.5), KEY, 400, "temperature", None),
@@ -182,9 +243,36 @@ INVALID = [
     ("max-tokens-string", "POST", TEXT, text(max_tokens="10"), KEY, 400, "max_tokens", None),
     ("max-tokens-float", "POST", TEXT, text(max_tokens=10.5), KEY, 400, "max_tokens", None),
     ("max-tokens-huge", "POST", CHAT, chat(max_tokens=10**12), KEY, 400, "max_tokens", "context_length_exceeded"),
-    ("max-completion-tokens-negative", "POST", CHAT, chat(max_completion_tokens=-1), KEY, 400, "max_completion_tokens", None),
-    ("prompt-too-long", "POST", TEXT, text(prompt="fox " * (LONG_CONTEXT + 100)), KEY, 400, "prompt", "context_length_exceeded"),
-    ("prompt-fills-context", "POST", CHAT, chat(messages=[{"role": "user", "content": "fox " * (LONG_CONTEXT + 100)}], max_tokens=None), KEY, 400, "messages", "context_length_exceeded"),
+    (
+        "max-completion-tokens-negative",
+        "POST",
+        CHAT,
+        chat(max_completion_tokens=-1),
+        KEY,
+        400,
+        "max_completion_tokens",
+        None,
+    ),
+    (
+        "prompt-too-long",
+        "POST",
+        TEXT,
+        text(prompt="fox " * (LONG_CONTEXT + 100)),
+        KEY,
+        400,
+        "prompt",
+        "context_length_exceeded",
+    ),
+    (
+        "prompt-fills-context",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "fox " * (LONG_CONTEXT + 100)}], max_tokens=None),
+        KEY,
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
     ("n-two", "POST", CHAT, chat(n=2), KEY, 400, "n", None),
     ("stop-number", "POST", CHAT, chat(stop=5), KEY, 400, "stop", None),
     ("stop-too-many", "POST", TEXT, text(stop=["a", "b", "c", "d", "e"]), KEY, 400, "stop", None),
@@ -192,8 +280,26 @@ INVALID = [
     ("seed-string", "POST", CHAT, chat(seed="abc"), KEY, 400, "seed", None),
     ("seed-too-big", "POST", CHAT, chat(seed=2**70), KEY, 400, "seed", None),
     ("stream-string", "POST", CHAT, chat(stream="yes"), KEY, 400, "stream", None),
-    ("stream-options-without-stream", "POST", CHAT, chat(stream_options={"include_usage": True}), KEY, 400, "stream_options", None),
-    ("include-usage-string", "POST", CHAT, chat(stream=True, stream_options={"include_usage": "x"}), KEY, 400, "stream_options.include_usage", None),
+    (
+        "stream-options-without-stream",
+        "POST",
+        CHAT,
+        chat(stream_options={"include_usage": True}),
+        KEY,
+        400,
+        "stream_options",
+        None,
+    ),
+    (
+        "include-usage-string",
+        "POST",
+        CHAT,
+        chat(stream=True, stream_options={"include_usage": "x"}),
+        KEY,
+        400,
+        "stream_options.include_usage",
+        None,
+    ),
     ("logprobs", "POST", CHAT, chat(logprobs=True), KEY, 400, "logprobs", None),
     ("tools", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), KEY, 400, "tools", None),
     ("presence-penalty", "POST", CHAT, chat(presence_penalty=1.0), KEY, 400, "presence_penalty", None),
@@ -225,7 +331,13 @@ INVALID = [
 def test_invalid_requests_get_openai_errors(server, case):
     _, method, path, body, headers, status, param, code = case
     content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    response = httpx.request(method, f"{server.base_url}{path}", content=content, headers={"Content-Type": "application/json", **headers}, timeout=30)
+    response = httpx.request(
+        method,
+        f"{server.base_url}{path}",
+        content=content,
+        headers={"Content-Type": "application/json", **headers},
+        timeout=30,
+    )
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(response.json()) == {"error"} and set(error) == {"message", "type", "param", "code"}
@@ -257,7 +369,16 @@ def test_server_stays_healthy_after_bad_requests(server, client):
 
 def long_request(**fields) -> dict:
     """A request that runs for seconds: almost the whole long context, EOS ignored, no drafting."""
-    return text(**{"prompt": "The quick brown fox", "max_tokens": LONG_CONTEXT - 100, "ignore_eos": True, "temperature": 0, "quickdraft": {"drafter": "none"}, **fields})
+    return text(
+        **{
+            "prompt": "The quick brown fox",
+            "max_tokens": LONG_CONTEXT - 100,
+            "ignore_eos": True,
+            "temperature": 0,
+            "quickdraft": {"drafter": "none"},
+            **fields,
+        }
+    )
 
 
 def wait_for_idle(server: ServerProcess, timeout: float = 20) -> dict[str, float]:
@@ -297,7 +418,14 @@ def test_burst_beyond_the_queue_gets_429_and_nothing_hangs(server):
     burst = 3 * (MAX_QUEUE + 1)
     tokens = 400  # about 0.3 s a request here: the burst arrives while the first ones still run
     with ThreadPoolExecutor(burst) as pool:
-        responses = list(pool.map(lambda _: httpx.post(f"{server.base_url}{TEXT}", json=long_request(max_tokens=tokens), headers=KEY, timeout=120), range(burst)))
+        responses = list(
+            pool.map(
+                lambda _: httpx.post(
+                    f"{server.base_url}{TEXT}", json=long_request(max_tokens=tokens), headers=KEY, timeout=120
+                ),
+                range(burst),
+            )
+        )
     statuses = [r.status_code for r in responses]
     assert set(statuses) <= {200, 429}, statuses
     assert statuses.count(200) >= 1 and statuses.count(429) >= 1
@@ -315,10 +443,17 @@ def valid_response(kind: str, stream: bool, response: httpx.Response) -> bool:
         return False
     if not stream:
         body = response.json()
-        return body["object"] in ("chat.completion", "text_completion") and body["choices"][0]["finish_reason"] in ("stop", "length")
+        return body["object"] in ("chat.completion", "text_completion") and body["choices"][0]["finish_reason"] in (
+            "stop",
+            "length",
+        )
     lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
     chunks = [json.loads(line) for line in lines[:-1]]
-    return lines[-1] == "[DONE]" and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and not any("error" in c for c in chunks)
+    return (
+        lines[-1] == "[DONE]"
+        and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        and not any("error" in c for c in chunks)
+    )
 
 
 def test_bounded_load_test_has_no_errors(server):
@@ -329,7 +464,11 @@ def test_bounded_load_test_has_no_errors(server):
         with httpx.Client(base_url=server.base_url, headers=KEY, timeout=120) as http:
             for request in range(requests_each):
                 kind, stream = ("chat", "text")[(index + request) % 2], request % 3 == 0
-                body = chat(max_tokens=12, stream=stream, seed=request) if kind == "chat" else text(max_tokens=12, stream=stream, seed=request)
+                body = (
+                    chat(max_tokens=12, stream=stream, seed=request)
+                    if kind == "chat"
+                    else text(max_tokens=12, stream=stream, seed=request)
+                )
                 response = http.post(CHAT if kind == "chat" else TEXT, json=body)
                 results.append((response.status_code, valid_response(kind, stream, response)))
         return results
@@ -358,7 +497,16 @@ def test_bench_client_load_test_passes_on_the_server(server, capsys):
 
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
     # a grace period far longer than the request, so a slow machine still finishes it (the 10 s default did not on one)
-    server = start_server(tiny_dirs["llama-long"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1", "--shutdown-timeout", "120")
+    server = start_server(
+        tiny_dirs["llama-long"],
+        tmp_path / "server.log",
+        "--runtime",
+        "hf",
+        "--threads",
+        "1",
+        "--shutdown-timeout",
+        "120",
+    )
     lines: list[str] = []
     request = long_request(model=str(tiny_dirs["llama-long"]), stream=True, max_tokens=1000)
 
@@ -381,18 +529,37 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
 @pytest.mark.real_model
 def test_real_model_stream_is_identical_to_the_engine(tmp_path, builtin_model_dir):
     model_dir = builtin_model_dir("smollm2-135m-instruct")
-    messages = [{"role": "user", "content": "Rewrite in the past tense: The cat sits on the mat and looks at the bird."}]
+    messages = [
+        {"role": "user", "content": "Rewrite in the past tense: The cat sits on the mat and looks at the bird."}
+    ]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the server's thread count, so both sides run the same kernels
     try:
         target = load_model_dir(model_dir, runtime="hf")
-        expected = Engine(target, SpecConfig(drafter="ngram", k=4)).generate(messages, SamplingParams(max_new_tokens=48), chat=True)
+        expected = Engine(target, SpecConfig(drafter="ngram", k=4)).generate(
+            messages, SamplingParams(max_new_tokens=48), chat=True
+        )
     finally:
         torch.set_num_threads(threads)
-    server = start_server(model_dir, tmp_path / "server.log", "--runtime", "hf", "--k", "4", "--threads", "1", "--served-model-name", "smollm2")
+    server = start_server(
+        model_dir,
+        tmp_path / "server.log",
+        "--runtime",
+        "hf",
+        "--k",
+        "4",
+        "--threads",
+        "1",
+        "--served-model-name",
+        "smollm2",
+    )
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
-        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=48, temperature=0, stream=True))
+        chunks = list(
+            client.chat.completions.create(
+                model="smollm2", messages=messages, max_tokens=48, temperature=0, stream=True
+            )
+        )
     finally:
         assert server.stop() == 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text

@@ -24,7 +24,9 @@ def test_health_is_503_while_loading_then_200(tiny_models):
         assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
         attach_engine(app, Engine(tiny_models["llama"], SpecConfig()))
         assert http.get("/health").json() == {"status": "ok"}
-        response = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0})
+        response = http.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}
+        )
         assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
@@ -39,7 +41,9 @@ class GatedEngine:
         self.gate.wait(10)
         self.order.append(prompt_ids[0])
         yield TextDelta(str(prompt_ids[0]))
-        yield Finished(str(prompt_ids[0]), tuple(prompt_ids), "stop", GenerationStats(prompt_tokens=1, generated_tokens=1))
+        yield Finished(
+            str(prompt_ids[0]), tuple(prompt_ids), "stop", GenerationStats(prompt_tokens=1, generated_tokens=1)
+        )
 
 
 async def run_jobs(cancel_second: bool) -> tuple[GatedEngine, list, ServerMetrics]:
@@ -91,7 +95,10 @@ def test_metrics_render_cumulative_histograms_and_per_position_counters():
     assert 'quickdraft_request_success_total{finished_reason="length"} 1\n' in text
     assert "quickdraft_spec_decode_num_drafts_total 2\n" in text
     assert "quickdraft_spec_decode_num_accepted_tokens_total 6\n" in text
-    per_position = [f'quickdraft_spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}\n' for i, n in enumerate([2, 2, 1, 1])]
+    per_position = [
+        f'quickdraft_spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {n}\n'
+        for i, n in enumerate([2, 2, 1, 1])
+    ]
     assert all(line in text for line in per_position)
     assert 'quickdraft_time_to_first_token_seconds_bucket{le="0.02"} 0\n' in text
     assert 'quickdraft_time_to_first_token_seconds_bucket{le="0.04"} 1\n' in text
@@ -154,7 +161,11 @@ def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_
     with TestClient(app) as http:
         attach_engine(app, engine)
         body = {"model": "tiny", "prompt": "The dog sleeps. The dog", "max_tokens": 12, "temperature": 0}
-        for options, drafter, k in (({"k": 2}, "ngram", 2), ({}, "ngram,head-test", "auto"), ({"drafter": "ngram,head-test"}, "ngram,head-test", "auto")):
+        for options, drafter, k in (
+            ({"k": 2}, "ngram", 2),
+            ({}, "ngram,head-test", "auto"),
+            ({"drafter": "ngram,head-test"}, "ngram,head-test", "auto"),
+        ):
             response = http.post("/v1/completions", json=body | {"quickdraft": options})
             assert response.status_code == 200, response.text
             assert response.json()["choices"][0]["text"] == expected

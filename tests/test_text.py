@@ -24,7 +24,10 @@ def test_streamed_text_equals_decoding_all_tokens(tokenizer, seed):
 
 
 def test_multibyte_characters_are_never_split(tokenizer):
-    byte_ids = [tokenizer.convert_tokens_to_ids(t) for t in tokenizer.convert_ids_to_tokens(tokenizer("🙂", add_special_tokens=False)["input_ids"])]
+    byte_ids = [
+        tokenizer.convert_tokens_to_ids(t)
+        for t in tokenizer.convert_ids_to_tokens(tokenizer("🙂", add_special_tokens=False)["input_ids"])
+    ]
     detokenizer = IncrementalDetokenizer(tokenizer)
     deltas = [detokenizer.add(token) for token in byte_ids]
     assert deltas[-1] == "🙂" and all(delta == "" for delta in deltas[:-1])

@@ -18,6 +18,7 @@ def peaked_logits(token_ids: list[int], vocab: int = VOCAB) -> torch.Tensor:
 
 # ---- tier 1: tables --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "draft, target_argmax, expected",
     [
@@ -54,9 +55,12 @@ def test_rejection_never_recovers_the_rejected_point_mass_token():
 
 # ---- tier 2: exact algebra of the rule ---------------------------------------------------------
 
+
 def output_distribution(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
     """P(first output token = x) under the rule: accept draft x w.p. min(1, t/d), else residual."""
-    accept = torch.where(draft_probs > 0, torch.clamp(target_probs / draft_probs, max=1.0), torch.zeros_like(draft_probs))
+    accept = torch.where(
+        draft_probs > 0, torch.clamp(target_probs / draft_probs, max=1.0), torch.zeros_like(draft_probs)
+    )
     accepted_mass = draft_probs * accept  # [vocab]
     return accepted_mass + (1 - accepted_mass.sum()) * residual_distribution(target_probs, draft_probs)
 
@@ -139,7 +143,9 @@ def always_accept(draft_ids, draft_probs, target_probs, generator) -> Verdict:
 def accept_by_draft_ratio(draft_ids, draft_probs, target_probs, generator) -> Verdict:
     """A subtly wrong sampler: the right acceptance test but recovers from the target, not the residual."""
     rows = torch.arange(len(draft_ids))
-    accepted = torch.rand(len(draft_ids), generator=generator) * draft_probs[rows, draft_ids] < target_probs[rows, draft_ids]
+    accepted = (
+        torch.rand(len(draft_ids), generator=generator) * draft_probs[rows, draft_ids] < target_probs[rows, draft_ids]
+    )
     n = int(accepted.long().cumprod(0).sum())
     last = int(torch.multinomial(target_probs[n], 1, generator=generator))
     return Verdict(n, tuple(draft_ids[:n].tolist()) + (last,))

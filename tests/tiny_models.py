@@ -35,9 +35,17 @@ def build_tokenizer(vocab_size: int = 320, corpus: list[str] = CORPUS) -> PreTra
 
 def llama_config(vocab_size: int, **overrides) -> LlamaConfig:
     fields = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.3, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.3,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
     )
     fields.update(overrides)
     return LlamaConfig(**fields)
@@ -45,10 +53,20 @@ def llama_config(vocab_size: int, **overrides) -> LlamaConfig:
 
 def gemma3_config(vocab_size: int, **overrides) -> Gemma3TextConfig:
     fields = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-        sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-        initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        initializer_range=0.3,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
     )
     fields.update(overrides)
     return Gemma3TextConfig(**fields)

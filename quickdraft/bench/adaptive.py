@@ -39,7 +39,13 @@ from quickdraft.models.loading import LoadedModel, load_model_dir
 TARGET = "target"
 AUTO = "auto"
 WARMUP_TOKENS = 4
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,11 @@ class Measurement:
 def settings(drafters: list[str], ks: list[int], k_max: int) -> list[Setting]:
     """Target alone, each drafter alone at each fixed k, and auto choosing among all the drafters."""
     several = len(drafters) > 1
-    fixed = [Setting(f"{drafter} k={k}" if several else f"k={k}", SpecConfig(drafter=drafter, k=k)) for drafter in drafters for k in ks]
+    fixed = [
+        Setting(f"{drafter} k={k}" if several else f"k={k}", SpecConfig(drafter=drafter, k=k))
+        for drafter in drafters
+        for k in ks
+    ]
     auto = Setting(AUTO, SpecConfig(drafter=",".join(drafters), k="auto", k_max=k_max))
     return [Setting(TARGET, SpecConfig(drafter="none", k=0)), *fixed, auto]
 
@@ -96,7 +106,13 @@ def add_random_draft(engine: Engine, draft_dir: Path, name: str, runtime: Runtim
 
 
 def run_case(
-    engine: Engine, case: str, prompts: list[Prompt], settings_: list[Setting], max_new_tokens: int, repeats: int = 1, log=print
+    engine: Engine,
+    case: str,
+    prompts: list[Prompt],
+    settings_: list[Setting],
+    max_new_tokens: int,
+    repeats: int = 1,
+    log=print,
 ) -> list[Measurement]:
     """Every prompt with every setting, `repeats` rounds, the order rotating by one setting per prompt and round."""
     chat = bool(engine.target.tokenizer.chat_template)  # a base model without a template sees plain text
@@ -110,18 +126,39 @@ def run_case(
                 measurement = _measure(engine, case, prompt, index, round_, setting, ids, max_new_tokens)
                 measurements.append(measurement)
                 speed = measurement.tokens / measurement.seconds
-                log(f"{case} r{round_ + 1} {index + 1}/{len(prompts)} {prompt.category:<14} {setting.label:<7} {speed:6.2f} tok/s")
+                log(
+                    f"{case} r{round_ + 1} {index + 1}/{len(prompts)} {prompt.category:<14} "
+                    f"{setting.label:<7} {speed:6.2f} tok/s"
+                )
     return measurements
 
 
-def _measure(engine: Engine, case: str, prompt: Prompt, index: int, round_: int, setting: Setting, ids: list[int], max_new_tokens: int) -> Measurement:
+def _measure(
+    engine: Engine,
+    case: str,
+    prompt: Prompt,
+    index: int,
+    round_: int,
+    setting: Setting,
+    ids: list[int],
+    max_new_tokens: int,
+) -> Measurement:
     cpu_started = time.process_time()
     result = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens), spec=setting.spec)
     cpu_seconds = time.process_time() - cpu_started
     stats = result.stats
     return Measurement(
-        case, prompt.category, index, round_, setting.label, stats.generated_tokens, stats.total_seconds, cpu_seconds,
-        list(result.token_ids), stats.k_per_step, stats.drafter_steps,
+        case,
+        prompt.category,
+        index,
+        round_,
+        setting.label,
+        stats.generated_tokens,
+        stats.total_seconds,
+        cpu_seconds,
+        list(result.token_ids),
+        stats.k_per_step,
+        stats.drafter_steps,
     )
 
 
@@ -156,7 +193,11 @@ def speeds(measurements: list[Measurement], clock: str = "wall") -> dict[str, di
 def mismatches(measurements: list[Measurement]) -> list[str]:
     """'category #prompt setting' for each generation whose tokens differ from the target alone's."""
     expected = {(m.case, m.prompt, m.round): m.token_ids for m in measurements if m.setting == TARGET}
-    return [f"{m.category} #{m.prompt} {m.setting}" for m in measurements if m.token_ids != expected[m.case, m.prompt, m.round]]
+    return [
+        f"{m.category} #{m.prompt} {m.setting}"
+        for m in measurements
+        if m.token_ids != expected[m.case, m.prompt, m.round]
+    ]
 
 
 def adaptation(measurements: list[Measurement]) -> dict[str, float]:

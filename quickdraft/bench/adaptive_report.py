@@ -53,22 +53,39 @@ def _safety_section(case: dict) -> list[str]:
         for s in [TARGET, *fixed_labels(wall), AUTO]
     ]
     lines = [
-        "### Safety: a random-weight draft model", "",
-        "| setting | tokens/s (wall) | vs target alone (wall) | vs target alone (CPU time) |", "|---|---|---|---|", *rows, "",
+        "### Safety: a random-weight draft model",
+        "",
+        "| setting | tokens/s (wall) | vs target alone (wall) | vs target alone (CPU time) |",
+        "|---|---|---|---|",
+        *rows,
+        "",
     ]
     for key, clock in CLOCKS.items():
         overall = case[key]["overall"]
         ratio, k4 = overall[AUTO] / overall[TARGET], overall.get("k=4", 0.0) / overall[TARGET]
         met = "met" if ratio >= SAFETY_GOAL else "NOT met"
-        lines.append(f"Goal auto >= {SAFETY_GOAL}x target alone, {clock}: **{ratio:.2f}x, {met}** (fixed k=4: {k4:.2f}x).")
-    return lines + [_adaptation_line(case["adaptation"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
+        lines.append(
+            f"Goal auto >= {SAFETY_GOAL}x target alone, {clock}: **{ratio:.2f}x, {met}** (fixed k=4: {k4:.2f}x)."
+        )
+    return lines + [
+        _adaptation_line(case["adaptation"]),
+        _exactness_line(case["mismatches"]),
+        _costs_line(case["costs"]),
+        "",
+    ]
 
 
 def _quality_section(case: dict) -> list[str]:
     lines = [f"### Quality: {', '.join(case.get('drafters', ['ngram']))} on the dev prompts", ""]
     for key, clock in CLOCKS.items():
         lines += _quality_table(case[key], clock)
-    return lines + [_adaptation_line(case["adaptation"]), _same_work_line(case["same_work"]), _exactness_line(case["mismatches"]), _costs_line(case["costs"]), ""]
+    return lines + [
+        _adaptation_line(case["adaptation"]),
+        _same_work_line(case["same_work"]),
+        _exactness_line(case["mismatches"]),
+        _costs_line(case["costs"]),
+        "",
+    ]
 
 
 def _quality_table(speeds: dict[str, dict[str, float]], clock: str) -> list[str]:
@@ -104,15 +121,22 @@ def _quality_row(group: str, row: dict[str, float], labels: list[str]) -> str:
 
 def _same_work_line(same: dict) -> str:
     """How far apart two settings that did the same work were timed: the noise under the tables."""
-    head = f"Timing noise: in {same['generations']} of {same['of']} generations auto chose exactly {same['reference']}'s k at every step"
+    head = (
+        f"Timing noise: in {same['generations']} of {same['of']} generations auto chose exactly "
+        f"{same['reference']}'s k at every step"
+    )
     if not same["generations"]:
         return head + "."
-    return head + f"; there its tokens/s was {same['median']:.3f}x (min {same['min']:.3f}, max {same['max']:.3f}) of {same['reference']}'s."
+    return head + (
+        f"; there its tokens/s was {same['median']:.3f}x (min {same['min']:.3f}, max {same['max']:.3f}) "
+        f"of {same['reference']}'s."
+    )
 
 
 def _adaptation_line(adaptation: dict) -> str:
     return (
-        f"Auto's first (cold) request: {adaptation['cold_steps_before_first_plain_step']} drafting steps before its first "
+        f"Auto's first (cold) request: {adaptation['cold_steps_before_first_plain_step']} drafting steps "
+        "before its first "
         f"plain step, {adaptation['cold_drafting_steps']} drafting steps of {adaptation['cold_steps']}; over all its "
         f"requests it drafted on {adaptation['drafting_share']:.0%} of steps, mean k {adaptation['mean_k']:.2f}."
     )
@@ -121,17 +145,26 @@ def _adaptation_line(adaptation: dict) -> str:
 def _costs_line(costs: dict) -> str:
     def describe(profile: dict) -> str:
         drafts = "".join(f", {name} {ratio:.2f} t(1)/token" for name, ratio in profile["draft_per_token_vs_t1"].items())
-        return f"t(1) {profile['t1_ms']:.0f} ms, v(n) = t(n)/t(1) for n = 1.. " + " ".join(f"{v:.2f}" for v in profile["v"]) + drafts
+        return (
+            f"t(1) {profile['t1_ms']:.0f} ms, v(n) = t(n)/t(1) for n = 1.. "
+            + " ".join(f"{v:.2f}" for v in profile["v"])
+            + drafts
+        )
 
     return f"Cost model at the start: {describe(costs['start'])}; at the end: {describe(costs['end'])}."
 
 
 def _exactness_line(mismatches: list[str]) -> str:
-    return "Every setting produced exactly the target's tokens." if not mismatches else f"DIFFERENT outputs: {', '.join(mismatches)}."
+    return (
+        "Every setting produced exactly the target's tokens."
+        if not mismatches
+        else f"DIFFERENT outputs: {', '.join(mismatches)}."
+    )
 
 
 def plot(results: dict, path: Path) -> None:
-    """Speedup vs fixed k (solid) with auto as a dashed line, per case (columns) and clock (rows); 1.0 = target alone."""
+    """Speedup vs fixed k (solid) with auto as a dashed line, per case (columns) and clock (rows);
+    1.0 = target alone."""
     cases = [c for c in ("safety", "quality") if c in results]
     figure, axes = plt.subplots(len(CLOCKS), len(cases), figsize=(5.5 * len(cases), 4 * len(CLOCKS)), squeeze=False)
     for row_axes, (key, clock) in zip(axes, CLOCKS.items()):
@@ -155,9 +188,20 @@ def _plot_case(axis, speeds: dict[str, dict[str, float]], include_categories: bo
         for drafter in drafters:
             labels = [s for s in fixed_labels(row) if fixed_drafter(s) == drafter]
             color = "black" if heavy and not several else None
-            (line,) = axis.plot([fixed_k(s) for s in labels], [row[s] / row[TARGET] for s in labels], marker="o",
-                                label=f"{group} {drafter}".strip(), color=color, **style)
-        axis.axhline(row[AUTO] / row[TARGET], linestyle="--", color="black" if several else line.get_color(), linewidth=style["linewidth"],
-                     label=f"{group} auto" if several else None)
+            (line,) = axis.plot(
+                [fixed_k(s) for s in labels],
+                [row[s] / row[TARGET] for s in labels],
+                marker="o",
+                label=f"{group} {drafter}".strip(),
+                color=color,
+                **style,
+            )
+        axis.axhline(
+            row[AUTO] / row[TARGET],
+            linestyle="--",
+            color="black" if several else line.get_color(),
+            linewidth=style["linewidth"],
+            label=f"{group} auto" if several else None,
+        )
     axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axis.legend(fontsize=6, ncol=2)

@@ -20,7 +20,9 @@ import time
 from quickdraft.models.base import ModelRunner
 
 
-def measure_forward_seconds(runner: ModelRunner, prompt_ids: list[int], max_tokens: int, repeats: int = 5) -> dict[int, float]:
+def measure_forward_seconds(
+    runner: ModelRunner, prompt_ids: list[int], max_tokens: int, repeats: int = 5
+) -> dict[int, float]:
     """Median seconds of one forward over n new tokens after `prompt_ids`, for n = 1..max_tokens.
 
     Each size runs once untimed first (kernels pick their plans per shape). Sizes are interleaved
@@ -61,7 +63,9 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost:
     return expected_tokens_per_step(acceptance, k) / (k * draft_cost + verify_cost[k])
 
 
-def step_mix_speedup(tau: float, draft_forwards_per_step: float, draft_length_shares: dict[int, float], verify_cost: dict[int, float]) -> float | None:
+def step_mix_speedup(
+    tau: float, draft_forwards_per_step: float, draft_length_shares: dict[int, float], verify_cost: dict[int, float]
+) -> float | None:
     """tau / (drafting per step + mean verify cost over the measured draft lengths); None if a v(j) is missing."""
     if any(j not in verify_cost for j in draft_length_shares):
         return None
@@ -74,4 +78,6 @@ def draft_length_shares(steps: int, drafted_by_position: list[int]) -> dict[int,
     if steps == 0:
         return {}
     at_least = [steps, *drafted_by_position, 0]  # [j]: steps that drafted >= j tokens
-    return {j: (at_least[j] - at_least[j + 1]) / steps for j in range(len(at_least) - 1) if at_least[j] > at_least[j + 1]}
+    return {
+        j: (at_least[j] - at_least[j + 1]) / steps for j in range(len(at_least) - 1) if at_least[j] > at_least[j + 1]
+    }

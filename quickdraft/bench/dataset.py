@@ -50,7 +50,9 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     return prompts
 
 
-def select_prompts(prompts: list[Prompt], categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
+def select_prompts(
+    prompts: list[Prompt], categories: list[str] | None = None, limit: int | None = None
+) -> list[Prompt]:
     """Prompts of the given categories (all when None), at most `limit` per category, in file order."""
     available = list(dict.fromkeys(p.category for p in prompts))
     unknown = [c for c in categories or [] if c not in available]
@@ -72,9 +74,13 @@ def _parse_line(line: str, where: str) -> Prompt:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line") from exc
+        raise UsageError(
+            f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); write one JSON object per line"
+        ) from exc
     if not isinstance(record, dict):
-        raise UsageError(f"{where}: expected a JSON object with question_id, category, turns, got {type(record).__name__}")
+        raise UsageError(
+            f"{where}: expected a JSON object with question_id, category, turns, got {type(record).__name__}"
+        )
     missing = [key for key in ("question_id", "category", "turns") if key not in record]
     if missing:
         raise UsageError(f"{where}: missing {', '.join(missing)}; each line needs question_id, category and turns")

@@ -106,10 +106,16 @@ class QuickdraftMethod:
         wall = time.perf_counter() - started
         stats = result.stats
         return Measurement(
-            token_ids=tuple(result.token_ids), finish_reason=result.finish_reason, wall_seconds=wall,
-            time_to_first_token=stats.prefill_seconds, target_forwards=stats.target_forwards, steps=stats.steps,
-            draft_tokens=stats.draft_tokens, accepted_tokens=stats.accepted_tokens,
-            draft_seconds=stats.draft_seconds, verify_seconds=stats.verify_seconds,
+            token_ids=tuple(result.token_ids),
+            finish_reason=result.finish_reason,
+            wall_seconds=wall,
+            time_to_first_token=stats.prefill_seconds,
+            target_forwards=stats.target_forwards,
+            steps=stats.steps,
+            draft_tokens=stats.draft_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            draft_seconds=stats.draft_seconds,
+            verify_seconds=stats.verify_seconds,
             drafted_by_position=tuple(stats.drafted_by_position),
             accepted_by_position=tuple(stats.accepted_by_position),
             accepted_length_histogram=tuple(stats.accepted_length_histogram),
@@ -146,14 +152,23 @@ class HFGenerate:
 
     family: Family = "transformers"
 
-    def __init__(self, target: HFTarget, mode: HFMode, lookup_tokens: int = 4, assistant: PreTrainedModel | None = None, assistant_name: str = "") -> None:
+    def __init__(
+        self,
+        target: HFTarget,
+        mode: HFMode,
+        lookup_tokens: int = 4,
+        assistant: PreTrainedModel | None = None,
+        assistant_name: str = "",
+    ) -> None:
         self.target = target
         self.drafter = mode
         self.lookup_tokens = lookup_tokens
         self.assistant = assistant
         self.k = lookup_tokens if mode == "lookup" else None
         self.name = {
-            "greedy": "hf:greedy", "lookup": f"hf:lookup n={lookup_tokens}", "assistant": f"hf:assistant {display_name(assistant_name)}",
+            "greedy": "hf:greedy",
+            "lookup": f"hf:lookup n={lookup_tokens}",
+            "assistant": f"hf:assistant {display_name(assistant_name)}",
         }[mode]
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:
@@ -164,11 +179,14 @@ class HFGenerate:
             torch.manual_seed(params.seed)
         started = time.perf_counter()
         output = self.target.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), generation_config=self._generation_config(params),
-            assistant_model=self.assistant, streamer=first_token,
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=self._generation_config(params),
+            assistant_model=self.assistant,
+            streamer=first_token,
         )  # [1, prompt + new]
         wall = time.perf_counter() - started
-        generated = output[0, len(prompt_ids):].tolist()
+        generated = output[0, len(prompt_ids) :].tolist()
         return self._measurement(generated, len(prompt_ids), wall, first_token.seconds_after(started))
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
@@ -176,21 +194,33 @@ class HFGenerate:
         lookup = dict(prompt_lookup_num_tokens=self.lookup_tokens) if self.drafter == "lookup" else {}
         eos = self.target.eos_token_ids
         return GenerationConfig(
-            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, eos_token_id=eos,
-            pad_token_id=eos[0] if eos else None, **sampling, **lookup,
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not params.greedy,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if eos else None,
+            **sampling,
+            **lookup,
         )
 
-    def _measurement(self, generated: list[int], prompt_length: int, wall: float, time_to_first_token: float) -> Measurement:
+    def _measurement(
+        self, generated: list[int], prompt_length: int, wall: float, time_to_first_token: float
+    ) -> Measurement:
         """Counts from the forward hooks: the first forward holds the prompt plus any first draft."""
         eos_at = next((i for i, token in enumerate(generated) if token in self.target.eos_token_ids), None)
         produced = len(generated) if eos_at is None else eos_at + 1  # tokens the steps yielded, EOS included
         inputs, seconds = self.target.forward_inputs, self.target.forward_seconds
         drafted = (inputs[0] - prompt_length) + sum(n - 1 for n in inputs[1:])
         return Measurement(
-            token_ids=tuple(generated[:eos_at]), finish_reason="length" if eos_at is None else "stop",
-            wall_seconds=wall, time_to_first_token=time_to_first_token, target_forwards=len(inputs), steps=len(inputs),
-            draft_tokens=drafted, accepted_tokens=max(produced - len(inputs), 0),
-            draft_seconds=None, verify_seconds=sum(seconds[1:]),
+            token_ids=tuple(generated[:eos_at]),
+            finish_reason="length" if eos_at is None else "stop",
+            wall_seconds=wall,
+            time_to_first_token=time_to_first_token,
+            target_forwards=len(inputs),
+            steps=len(inputs),
+            draft_tokens=drafted,
+            accepted_tokens=max(produced - len(inputs), 0),
+            draft_seconds=None,
+            verify_seconds=sum(seconds[1:]),
         )
 
 

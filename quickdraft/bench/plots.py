@@ -97,9 +97,17 @@ def _draw_drafter_vs_k(axes, results: dict, drafter: str, methods: list[dict]) -
     ks = [m["k"] for m in methods]
     achieved = [figures[m["name"]]["speedup"] for m in methods]
     medians = [s["median"] if s else 0.0 for s in achieved]
-    spread = [[s["median"] - s["min"] if s else 0.0 for s in achieved], [s["max"] - s["median"] if s else 0.0 for s in achieved]]
+    spread = [
+        [s["median"] - s["min"] if s else 0.0 for s in achieved],
+        [s["max"] - s["median"] if s else 0.0 for s in achieved],
+    ]
     line = axes.errorbar(ks, medians, yerr=spread, marker="o", capsize=3, label=f"qd:{display_name(drafter)} achieved")
-    for key, style, label in (("predicted", "--", "predicted (i.i.d.)"), ("predicted_step_mix", "-.", "predicted (step mix)")):
+    for key, style, label in (
+        ("predicted", "--", "predicted (i.i.d.)"),
+        ("predicted_step_mix", "-.", "predicted (step mix)"),
+    ):
         predicted = [costs[m["name"]][key] for m in methods]
         if all(p is not None for p in predicted):
-            axes.plot(ks, predicted, linestyle=style, color=line[0].get_color(), label=f"qd:{display_name(drafter)} {label}")
+            axes.plot(
+                ks, predicted, linestyle=style, color=line[0].get_color(), label=f"qd:{display_name(drafter)} {label}"
+            )

@@ -24,7 +24,9 @@ def provenance(dataset: Path) -> dict:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git": git_state(PACKAGE_ROOT),
         "versions": {
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
         },
         "machine": machine_info(),
         "dataset": {"path": str(dataset), "sha256": hashlib.sha256(Path(dataset).read_bytes()).hexdigest()},

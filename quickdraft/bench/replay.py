@@ -10,7 +10,7 @@ choices follow that model alone. `scripts/replay_controller.py` prices the steps
 policies per category.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from quickdraft.config import SpecConfig
 from quickdraft.controller import AdaptiveController, ControllerMemory
@@ -19,7 +19,13 @@ from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.verify import Verdict
 
 
-def replay(prompt_ids: list[int], output: Sequence[int], k: int | None, memory: ControllerMemory, spec: SpecConfig = SpecConfig()) -> list[int]:
+def replay(
+    prompt_ids: list[int],
+    output: Sequence[int],
+    k: int | None,
+    memory: ControllerMemory,
+    spec: SpecConfig = SpecConfig(),
+) -> list[int]:
     """Draft tokens per step (as `GenerationStats.k_per_step`) of decoding `output` after `prompt_ids`.
 
     k: a fixed k, or None for the adaptive controller (its costs and carried acceptance in

@@ -28,13 +28,16 @@ def render_report(results: dict) -> str:
 def method_table(figures: dict[str, dict]) -> str:
     """One row per method: tokens/s, speedups with spread, tau, acceptance, identical, TTFT."""
     lines = [
-        f"| method | tok/s | speedup vs {BASELINE} | speedup vs {HF_BASELINE} | tau | acceptance | identical | TTFT ms |",
+        f"| method | tok/s | speedup vs {BASELINE} | speedup vs {HF_BASELINE} "
+        "| tau | acceptance | identical | TTFT ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in figures.items():
         lines.append(
-            f"| {name} | {f['tokens_per_second']:.1f} | {speedup_cell(f['speedup'])} | {speedup_cell(f['speedup_vs_hf'])} "
-            f"| {f['tau']:.2f} | {_percent(f['acceptance'])} | {_percent(f['identical'])} | {f['time_to_first_token'] * 1000:.0f} |"
+            f"| {name} | {f['tokens_per_second']:.1f} | {speedup_cell(f['speedup'])} "
+            f"| {speedup_cell(f['speedup_vs_hf'])} "
+            f"| {f['tau']:.2f} | {_percent(f['acceptance'])} | {_percent(f['identical'])} "
+            f"| {f['time_to_first_token'] * 1000:.0f} |"
         )
     return "\n".join(lines)
 
@@ -52,7 +55,7 @@ def category_matrix(groups: dict[str, dict], methods: list[str]) -> str:
 
 
 def speedup_cell(speedup: dict | None) -> str:
-    """"1.23x (1.18-1.27)": median over repeats with the min-max range; "-" when undefined."""
+    """ "1.23x (1.18-1.27)": median over repeats with the min-max range; "-" when undefined."""
     if speedup is None:
         return "-"
     if len(speedup["by_repeat"]) == 1:
@@ -65,27 +68,34 @@ def _header(results: dict) -> str:
     git = meta["git"]
     categories = sorted({p["category"] for p in results["prompts"]})
     limit = f"first {config['limit']} of each category" if config["limit"] else "all prompts"
-    return "\n".join([
-        f"# quickdraft bench: {config['model']}",
-        "",
-        f"Command: `{meta['command_line']}`",
-        "",
-        f"- prompts: {len(results['prompts'])} from `{meta['dataset']['path']}` ({limit}; {len(categories)} categories), "
-        f"first turn{' through the chat template' if meta['chat_template'] else ' as plain text (no chat template)'}",
-        f"- generation: max {config['max_new_tokens']} new tokens, temperature {config['temperature']}, EOS honoured; "
-        f"{config['repeats']} repeats, methods interleaved in rotated order",
-        f"- machine: {machine['cpu']}, {machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads, "
-        f"load average {machine['load_average'][0]:.1f} at start, {meta['machine_at_end']['load_average'][0]:.1f} at end",
-        f"- versions: python {meta['versions']['python']}, torch {meta['versions']['torch']}, transformers "
-        f"{meta['versions']['transformers']}; quickdraft commit {git['commit'] or 'unknown'}{' (uncommitted changes)' if git['dirty'] else ''}; "
-        f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), dtype {config['dtype']}",
-        f"- run: {meta['started_at']} to {meta['finished_at']}",
-        "",
-        "Speedup = mean over prompts of tokens/s (new tokens / wall time of the whole generation, prefill "
-        "included) of a method, divided by the same for the baseline, per repeat; shown as the median over "
-        "repeats with the min-max range. tau = tokens per target forward step; identical = greedy output "
-        f"token-identical to {BASELINE}.",
-    ])
+    return "\n".join(
+        [
+            f"# quickdraft bench: {config['model']}",
+            "",
+            f"Command: `{meta['command_line']}`",
+            "",
+            f"- prompts: {len(results['prompts'])} from `{meta['dataset']['path']}` "
+            f"({limit}; {len(categories)} categories), "
+            "first turn"
+            f"{' through the chat template' if meta['chat_template'] else ' as plain text (no chat template)'}",
+            f"- generation: max {config['max_new_tokens']} new tokens, temperature {config['temperature']}, "
+            "EOS honoured; "
+            f"{config['repeats']} repeats, methods interleaved in rotated order",
+            f"- machine: {machine['cpu']}, {machine['cpu_count']} CPUs, {machine['torch_threads']} torch threads, "
+            f"load average {machine['load_average'][0]:.1f} at start, "
+            f"{meta['machine_at_end']['load_average'][0]:.1f} at end",
+            f"- versions: python {meta['versions']['python']}, torch {meta['versions']['torch']}, transformers "
+            f"{meta['versions']['transformers']}; quickdraft commit {git['commit'] or 'unknown'}"
+            f"{' (uncommitted changes)' if git['dirty'] else ''}; "
+            f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), dtype {config['dtype']}",
+            f"- run: {meta['started_at']} to {meta['finished_at']}",
+            "",
+            "Speedup = mean over prompts of tokens/s (new tokens / wall time of the whole generation, prefill "
+            "included) of a method, divided by the same for the baseline, per repeat; shown as the median over "
+            "repeats with the min-max range. tau = tokens per target forward step; identical = greedy output "
+            f"token-identical to {BASELINE}.",
+        ]
+    )
 
 
 def _cost_section(results: dict) -> str:
@@ -100,29 +110,41 @@ def _cost_section(results: dict) -> str:
     ]
     for name, c in results["summary"]["costs"].items():
         lines.append(
-            f"| {name} | {c['k']} | {c['acceptance']:.2f} | {_number(c['draft_cost'], 3)} | {_number(c['verify_cost'])} "
-            f"| {_number(c['expected_tokens_per_step'])} | {_ratio_cell(c['predicted'])} | {_ratio_cell(c['predicted_step_mix'])} "
+            f"| {name} | {c['k']} | {c['acceptance']:.2f} | {_number(c['draft_cost'], 3)} "
+            f"| {_number(c['verify_cost'])} "
+            f"| {_number(c['expected_tokens_per_step'])} | {_ratio_cell(c['predicted'])} "
+            f"| {_ratio_cell(c['predicted_step_mix'])} "
             f"| {_median_cell(c['achieved_decode'])} | {_median_cell(c['achieved'])} |"
         )
-    return "\n".join([
-        "## Cost model: predicted vs achieved",
-        "",
-        f"v(k): one target forward over k + 1 tokens relative to one over 1 token (medians, measured {where}once, "
-        "before the timed runs):",
-        "",
-        v_header, v_row,
-        "",
-        "a = acceptance rate; c = drafting time per drafted position in target forwards; E = (1 - a^(k+1)) / (1 - a). "
-        "Predicted (i.i.d.) = E / (k c + v(k)), assuming k drafts every step; predicted (step mix) = tau / (drafting "
-        "per step + mean v over the measured draft lengths). Both describe the decode phase: compare with achieved "
-        "(decode), which leaves out the time to the first token. The gap is overhead.",
-        "",
-        *lines,
-    ])
+    return "\n".join(
+        [
+            "## Cost model: predicted vs achieved",
+            "",
+            f"v(k): one target forward over k + 1 tokens relative to one over 1 token (medians, measured {where}once, "
+            "before the timed runs):",
+            "",
+            v_header,
+            v_row,
+            "",
+            "a = acceptance rate; c = drafting time per drafted position in target forwards; "
+            "E = (1 - a^(k+1)) / (1 - a). "
+            "Predicted (i.i.d.) = E / (k c + v(k)), assuming k drafts every step; "
+            "predicted (step mix) = tau / (drafting "
+            "per step + mean v over the measured draft lengths). Both describe the decode phase: compare with achieved "
+            "(decode), which leaves out the time to the first token. The gap is overhead.",
+            "",
+            *lines,
+        ]
+    )
 
 
 def _acceptance_section(figures: dict[str, dict]) -> str:
-    lines = ["## Acceptance", "", "| method | acceptance by draft position | accepted-length histogram (0, 1, ...) |", "|---|---|---|"]
+    lines = [
+        "## Acceptance",
+        "",
+        "| method | acceptance by draft position | accepted-length histogram (0, 1, ...) |",
+        "|---|---|---|",
+    ]
     for name, f in figures.items():
         if f["acceptance_by_position"]:
             positions = " ".join(f"{rate:.2f}" for rate in f["acceptance_by_position"])

@@ -14,7 +14,16 @@ from tqdm import tqdm
 
 from quickdraft.bench.costs import measure_forward_seconds, relative_verify_cost
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
-from quickdraft.bench.methods import AUTO, JOINER, HFGenerate, HFTarget, Method, QuickdraftMethod, engine_drafter, load_hf_model
+from quickdraft.bench.methods import (
+    AUTO,
+    JOINER,
+    HFGenerate,
+    HFTarget,
+    Method,
+    QuickdraftMethod,
+    engine_drafter,
+    load_hf_model,
+)
 from quickdraft.bench.provenance import machine_info, provenance
 from quickdraft.bench.summary import BASELINE, HF_BASELINE
 from quickdraft.config import SamplingParams, SpecConfig
@@ -56,7 +65,9 @@ class BenchConfig:
             raise UsageError(f"unknown peers {', '.join(unknown)}; the only peer is hf (transformers generate)")
         for drafter in self.drafters:
             if JOINER in drafter and AUTO not in self.ks:
-                raise UsageError(f"{drafter} joins drafters for --k auto to choose between; add auto to --k, e.g. --k 4,auto")
+                raise UsageError(
+                    f"{drafter} joins drafters for --k auto to choose between; add auto to --k, e.g. --k 4,auto"
+                )
             for k in ks_for(drafter, self.ks):
                 SpecConfig(drafter=engine_drafter(drafter), k=k)  # validates k before any model loads
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
@@ -74,11 +85,15 @@ def run_bench(config: BenchConfig) -> dict:
     methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
     _warm_up(methods, encoded[0], config)
     cost_context = sorted(encoded, key=len)[len(encoded) // 2]  # the median-length prompt: a typical context
-    forward_seconds = measure_forward_seconds(target.runner, cost_context, _largest_k(config.ks) + 1, config.cost_repeats)
+    forward_seconds = measure_forward_seconds(
+        target.runner, cost_context, _largest_k(config.ks) + 1, config.cost_repeats
+    )
     rows = _measure_all(methods, prompts, encoded, config)
     _mark_identity(rows, config)
     meta.update(
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), machine_at_end=machine_info(), chat_template=chat,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        machine_at_end=machine_info(),
+        chat_template=chat,
         runner=type(target.runner).__name__,
     )
     return {
@@ -101,7 +116,9 @@ def ks_for(drafter: str, ks: tuple[int | str, ...]) -> tuple[int | str, ...]:
 def quickdraft_methods(engine: Engine, config: BenchConfig) -> list[Method]:
     """The baseline first, then every other drafter at every k (joined drafters at auto only)."""
     others = [d for d in dict.fromkeys(config.drafters) if d != "none"]
-    return [QuickdraftMethod(engine, "none", None)] + [QuickdraftMethod(engine, d, k) for d in others for k in ks_for(d, config.ks)]
+    return [QuickdraftMethod(engine, "none", None)] + [
+        QuickdraftMethod(engine, d, k) for d in others for k in ks_for(d, config.ks)
+    ]
 
 
 def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[Method]:
@@ -109,7 +126,10 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
     if "hf" not in config.peers:
         return []
     target = HFTarget(model_dir, config.dtype, engine.target.info.eos_token_ids)
-    peers: list[Method] = [HFGenerate(target, "greedy"), HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens)]
+    peers: list[Method] = [
+        HFGenerate(target, "greedy"),
+        HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens),
+    ]
     for name in dict.fromkeys(part for drafter in config.drafters for part in drafter.split(JOINER)):
         if isinstance(engine.drafter(name), DraftModelDrafter):
             assistant = load_hf_model(local_model_dir(name, progress=False), config.dtype)
@@ -118,28 +138,41 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
 
 
 def _warm_up(methods: list[Method], prompt_ids: list[int], config: BenchConfig) -> None:
-    params = SamplingParams(temperature=config.temperature, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed)
+    params = SamplingParams(
+        temperature=config.temperature, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens), seed=config.seed
+    )
     for method in methods:
         method.run(prompt_ids, params)
 
 
-def _measure_all(methods: list[Method], prompts: list[Prompt], encoded: list[list[int]], config: BenchConfig) -> list[dict]:
+def _measure_all(
+    methods: list[Method], prompts: list[Prompt], encoded: list[list[int]], config: BenchConfig
+) -> list[dict]:
     total = config.repeats * len(prompts) * len(methods)
     bar = tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, disable=not config.progress, dynamic_ncols=True)
     rows = []
     for repeat in range(config.repeats):
         for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
             params = SamplingParams(
-                temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed + 1000 * repeat + index,
+                temperature=config.temperature,
+                max_new_tokens=config.max_new_tokens,
+                seed=config.seed + 1000 * repeat + index,
             )
             shift = (repeat * len(prompts) + index) % len(methods)
             for order, method in enumerate(methods[shift:] + methods[:shift]):
                 bar.set_postfix_str(f"{prompt.category} #{index} {method.name}", refresh=False)
                 measurement = method.run(prompt_ids, params)
-                rows.append({
-                    "repeat": repeat, "prompt": index, "question_id": prompt.question_id, "category": prompt.category,
-                    "method": method.name, "order": order, **measurement.to_dict(),
-                })
+                rows.append(
+                    {
+                        "repeat": repeat,
+                        "prompt": index,
+                        "question_id": prompt.question_id,
+                        "category": prompt.category,
+                        "method": method.name,
+                        "order": order,
+                        **measurement.to_dict(),
+                    }
+                )
                 bar.update()
     bar.close()
     return rows
@@ -161,4 +194,10 @@ def _largest_k(ks: tuple[int | str, ...]) -> int:
 
 
 def _prompt_entry(index: int, prompt: Prompt, prompt_ids: list[int]) -> dict:
-    return {"index": index, "question_id": prompt.question_id, "category": prompt.category, "prompt_tokens": len(prompt_ids), "text": prompt.first_turn}
+    return {
+        "index": index,
+        "question_id": prompt.question_id,
+        "category": prompt.category,
+        "prompt_tokens": len(prompt_ids),
+        "text": prompt.first_turn,
+    }

@@ -19,9 +19,9 @@ tokens / wall time (prefill included), median over repeats.
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -44,6 +44,7 @@ class HFBaseline:
 
     def __init__(self, model_dir: Path) -> None:
         from transformers import AutoModelForCausalLM, DynamicCache
+
         self._new_cache = DynamicCache
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.cache = DynamicCache()
@@ -110,8 +111,10 @@ def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], flo
     """Decode seconds, forward seconds per new-token count 1..9, and matmul-only seconds for one repeat."""
     decode = _decode_seconds(runner, tokens[:DECODE_PROMPT])
     runner.prefill(tokens[:VERIFY_CONTEXT])
-    forward = {n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT:VERIFY_CONTEXT + n])
-               for n in (1, *[k + 1 for k in VERIFY_KS])}
+    forward = {
+        n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT : VERIFY_CONTEXT + n])
+        for n in (1, *[k + 1 for k in VERIFY_KS])
+    }
     matmuls = _matmul_seconds(runner) if hasattr(runner, "linear_layers") else None
     return decode, forward, matmuls
 
@@ -144,10 +147,14 @@ def ngram_runners(native_dtypes: Sequence[str]) -> dict[str, tuple[str, str]]:
     return {"hf float32": ("hf", "float32"), **{f"native {d}": ("native", d) for d in native_dtypes}}
 
 
-def bench_ngram(path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tokens: int, native_dtypes: Sequence[str]) -> NgramResult:
+def bench_ngram(
+    path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tokens: int, native_dtypes: Sequence[str]
+) -> NgramResult:
     """Greedy speculative generation with `ngram`, k auto, on each runner; runner order rotates per prompt."""
-    engines = {label: Engine(load_model_dir(path, runtime=runtime, dtype=dtype), SpecConfig(drafter="ngram", k="auto"))
-               for label, (runtime, dtype) in ngram_runners(native_dtypes).items()}
+    engines = {
+        label: Engine(load_model_dir(path, runtime=runtime, dtype=dtype), SpecConfig(drafter="ngram", k="auto"))
+        for label, (runtime, dtype) in ngram_runners(native_dtypes).items()
+    }
     first = next(iter(engines.values()))
     chat = bool(first.target.tokenizer.chat_template)
     encoded = [first.encode(prompt.first_turn, chat=chat) for prompt in prompts]
@@ -161,7 +168,7 @@ def bench_ngram(path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tok
         per_prompt: dict[str, list[float]] = {label: [] for label in labels}
         for index, prompt_ids in enumerate(encoded):
             outputs = {}
-            for label in labels[index % len(labels):] + labels[: index % len(labels)]:
+            for label in labels[index % len(labels) :] + labels[: index % len(labels)]:
                 begin = time.perf_counter()
                 result = engines[label].generate(prompt_ids, params)
                 per_prompt[label].append(len(result.token_ids) / (time.perf_counter() - begin))
@@ -171,8 +178,12 @@ def bench_ngram(path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tok
                 compared += 1
         for label in labels:
             rates[label].append(statistics.fmean(per_prompt[label]))
-    return NgramResult(len(encoded), max_new_tokens, {label: statistics.median(r) for label, r in rates.items()},
-                       same / compared if compared else float("nan"))
+    return NgramResult(
+        len(encoded),
+        max_new_tokens,
+        {label: statistics.median(r) for label, r in rates.items()},
+        same / compared if compared else float("nan"),
+    )
 
 
 def _summarise(runs: list[tuple[float, dict[int, float], float | None]]) -> RuntimeResult:
@@ -184,7 +195,9 @@ def _summarise(runs: list[tuple[float, dict[int, float], float | None]]) -> Runt
     return RuntimeResult(tokens_per_second, verify, ceiling)
 
 
-def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype: str, ngram: NgramResult | None = None) -> dict:
+def summary_object(
+    model: str, results: dict[str, RuntimeResult], default_dtype: str, ngram: NgramResult | None = None
+) -> dict:
     """The --json object of one model."""
     native = {name.removeprefix("native_"): r for name, r in results.items() if name != "hf"}
     summary = {
@@ -196,13 +209,21 @@ def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype:
         "native_tokens_per_second": native[default_dtype].tokens_per_second,
         "verify_cost": native[default_dtype].verify_cost,
         "hf_verify_cost": results["hf"].verify_cost,
-        "native_by_dtype": {d: {"tokens_per_second": r.tokens_per_second, "verify_cost": r.verify_cost,
-                                "matmul_ceiling_tokens_per_second": r.matmul_ceiling} for d, r in native.items()},
+        "native_by_dtype": {
+            d: {
+                "tokens_per_second": r.tokens_per_second,
+                "verify_cost": r.verify_cost,
+                "matmul_ceiling_tokens_per_second": r.matmul_ceiling,
+            }
+            for d, r in native.items()
+        },
     }
     if ngram is not None:
         summary["ngram_dev"] = {
-            "prompts": ngram.prompts, "max_new_tokens": ngram.max_new_tokens,
-            "tokens_per_second": ngram.tokens_per_second, "identical_to_hf": ngram.identical_to_hf,
+            "prompts": ngram.prompts,
+            "max_new_tokens": ngram.max_new_tokens,
+            "tokens_per_second": ngram.tokens_per_second,
+            "identical_to_hf": ngram.identical_to_hf,
         }
     return summary
 
@@ -210,11 +231,15 @@ def summary_object(model: str, results: dict[str, RuntimeResult], default_dtype:
 def format_table(summary: dict) -> str:
     """Human-readable table of one model's summary."""
     hf = summary["hf_tokens_per_second"]
-    lines = [f"{summary['model']}  ({summary['threads']} threads, batch 1, medians)",
-             f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}   v(1..8) at {VERIFY_CONTEXT} ctx"]
+    lines = [
+        f"{summary['model']}  ({summary['threads']} threads, batch 1, medians)",
+        f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}   v(1..8) at {VERIFY_CONTEXT} ctx",
+    ]
     rows = [("hf float32", hf, None, summary["hf_verify_cost"])]
-    rows += [(f"native {d}", r["tokens_per_second"], r["matmul_ceiling_tokens_per_second"], r["verify_cost"])
-             for d, r in summary["native_by_dtype"].items()]
+    rows += [
+        (f"native {d}", r["tokens_per_second"], r["matmul_ceiling_tokens_per_second"], r["verify_cost"])
+        for d, r in summary["native_by_dtype"].items()
+    ]
     for label, tps, ceiling, verify in rows:
         curve = " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
         ceiling_text = "" if ceiling is None else f"{ceiling:.1f}"
@@ -223,14 +248,22 @@ def format_table(summary: dict) -> str:
     if "ngram_dev" in summary:
         ngram = summary["ngram_dev"]
         speeds = ngram["tokens_per_second"]
-        lines.append(f"  ngram, k auto, {ngram['prompts']} dev prompts x {ngram['max_new_tokens']} new tokens "
-                     f"(native float32 identical to hf on {100 * ngram['identical_to_hf']:.0f}%)")
+        lines.append(
+            f"  ngram, k auto, {ngram['prompts']} dev prompts x {ngram['max_new_tokens']} new tokens "
+            f"(native float32 identical to hf on {100 * ngram['identical_to_hf']:.0f}%)"
+        )
         lines += [f"  {label:<18}{tps:>8.1f}{tps / speeds['hf float32']:>7.2f}x" for label, tps in speeds.items()]
     return "\n".join(lines)
 
 
-def run_runtime_bench(models: Sequence[str], repeats: int = 5, json_out: bool = False, native_dtypes: Sequence[str] = (),
-                      dev_prompts: Sequence[Prompt] = (), max_new_tokens: int = 64) -> list[dict]:
+def run_runtime_bench(
+    models: Sequence[str],
+    repeats: int = 5,
+    json_out: bool = False,
+    native_dtypes: Sequence[str] = (),
+    dev_prompts: Sequence[Prompt] = (),
+    max_new_tokens: int = 64,
+) -> list[dict]:
     """Benchmark each model (and n-gram speculation on `dev_prompts` when given); print a table (or one
     JSON object per line) and return the summaries."""
     dtypes = list(dict.fromkeys(["float32", DEFAULT_NATIVE_DTYPE, *native_dtypes]))

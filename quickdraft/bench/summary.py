@@ -25,7 +25,11 @@ def summarize(results: dict) -> dict:
     verify_cost = {int(k): v for k, v in results["verify_cost"].items()}
     return {
         "groups": {name: {m: method_figures(group_rows, m) for m in methods} for name, group_rows in groups.items()},
-        "costs": {m["name"]: cost_figures(rows, m, verify_cost) for m in results["methods"] if m["family"] == "quickdraft" and m["name"] != BASELINE},
+        "costs": {
+            m["name"]: cost_figures(rows, m, verify_cost)
+            for m in results["methods"]
+            if m["family"] == "quickdraft" and m["name"] != BASELINE
+        },
     }
 
 

@@ -21,27 +21,54 @@ RANDOM_DRAFT = "random-draft"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench-adaptive", help="benchmark --k auto against the target alone and every fixed k",
+        "bench-adaptive",
+        help="benchmark --k auto against the target alone and every fixed k",
         description="Side by side in one process: target alone, each fixed k, and --k auto, on a hopeless drafter "
-        "(safety) and on ngram (or --drafters) with real prompts (quality). Writes adaptive.md, adaptive.png and adaptive.json.",
+        "(safety) and on ngram (or --drafters) with real prompts (quality). "
+        "Writes adaptive.md, adaptive.png and adaptive.json.",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})"
+    )
     parser.add_argument("--prompts", required=True, help="Spec-Bench style JSONL file (category, turns)")
     parser.add_argument("--cases", default="safety,quality", help="safety, quality or both (default safety,quality)")
-    parser.add_argument("--per-category", type=int, default=2, help="quality: first N prompts of each category (default 2)")
+    parser.add_argument(
+        "--per-category", type=int, default=2, help="quality: first N prompts of each category (default 2)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=96, help="quality: tokens per generation (default 96)")
-    parser.add_argument("--safety-prompts", type=int, default=4, help="safety: prompts, first of evenly spread categories (default 4)")
-    parser.add_argument("--safety-max-new-tokens", type=int, default=64, help="safety: tokens per generation (default 64)")
-    parser.add_argument("--draft-layers", type=int, default=2, help="safety: layers of the random-weight draft model (default 2)")
-    parser.add_argument("--drafters", default="ngram", help="quality: comma-separated drafters, each run alone at every fixed k, "
-                        "and auto choosing among them per step (default ngram; e.g. ngram,head)")
+    parser.add_argument(
+        "--safety-prompts", type=int, default=4, help="safety: prompts, first of evenly spread categories (default 4)"
+    )
+    parser.add_argument(
+        "--safety-max-new-tokens", type=int, default=64, help="safety: tokens per generation (default 64)"
+    )
+    parser.add_argument(
+        "--draft-layers", type=int, default=2, help="safety: layers of the random-weight draft model (default 2)"
+    )
+    parser.add_argument(
+        "--drafters",
+        default="ngram",
+        help="quality: comma-separated drafters, each run alone at every fixed k, "
+        "and auto choosing among them per step (default ngram; e.g. ngram,head)",
+    )
     parser.add_argument("--ks", default="1,2,3,4,6,8", help="fixed k values to compare (default 1,2,3,4,6,8)")
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
-    parser.add_argument("--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="auto", help="runner of the target and the random draft (default auto)")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default auto: the runtime's default)")
-    parser.add_argument("--out", required=True, type=Path, help="directory for adaptive.json, adaptive.md, the raw measurements and the plot")
+    parser.add_argument(
+        "--runtime", choices=RUNTIMES, default="auto", help="runner of the target and the random draft (default auto)"
+    )
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="weights dtype (default auto: the runtime's default)"
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="directory for adaptive.json, adaptive.md, the raw measurements and the plot",
+    )
     parser.set_defaults(func=run)
 
 
@@ -86,8 +113,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt], args: argparse.Namespace, ks: list[int],
-              drafters: list[str]) -> tuple[list, dict]:
+def _run_case(
+    case: str,
+    engine: Engine,
+    target_dir: Path,
+    dataset: list[Prompt],
+    args: argparse.Namespace,
+    ks: list[int],
+    drafters: list[str],
+) -> tuple[list, dict]:
     """The case's measurements, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
@@ -102,4 +136,3 @@ def _run_case(case: str, engine: Engine, target_dir: Path, dataset: list[Prompt]
     start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
     measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
     return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
-

@@ -13,28 +13,79 @@ from quickdraft.errors import UsageError
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure speedups of drafters vs the target alone on a Spec-Bench style prompt file",
+        "bench",
+        help="measure speedups of drafters vs the target alone on a Spec-Bench style prompt file",
         description="Run every method on every prompt, interleaved, several times; write results.json, "
         "report.md and PNG plots to --out.",
     )
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})")
-    parser.add_argument("--drafters", default="none,ngram", type=_comma_list, help="comma list: none, ngram, head, head:DIR, draft model names/paths, or drafters joined by + for --k auto to choose between (ngram+head, run at auto only); default none,ngram; none, the baseline, always runs")
-    parser.add_argument("--k", default="4", type=_k_list, help="comma list of draft lengths, e.g. 1,2,4,8; each drafter runs at each k (default 4)")
-    parser.add_argument("--dataset", type=Path, help="JSONL prompts in the Spec-Bench format (question_id, category, turns); required unless --from-results")
-    parser.add_argument("--categories", default=None, type=_comma_list, help="comma list of categories to run (default all)")
-    parser.add_argument("--limit", type=int, default=None, help="run the first N prompts of each category (default all)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="most new tokens per generation (default 128); EOS ends earlier")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); identity is checked only when greedy")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})"
+    )
+    parser.add_argument(
+        "--drafters",
+        default="none,ngram",
+        type=_comma_list,
+        help=(
+            "comma list: none, ngram, head, head:DIR, draft model names/paths, or drafters joined by + "
+            "for --k auto to choose between (ngram+head, run at auto only); default none,ngram; "
+            "none, the baseline, always runs"
+        ),
+    )
+    parser.add_argument(
+        "--k",
+        default="4",
+        type=_k_list,
+        help="comma list of draft lengths, e.g. 1,2,4,8; each drafter runs at each k (default 4)",
+    )
+    parser.add_argument(
+        "--dataset",
+        type=Path,
+        help="JSONL prompts in the Spec-Bench format (question_id, category, turns); required unless --from-results",
+    )
+    parser.add_argument(
+        "--categories", default=None, type=_comma_list, help="comma list of categories to run (default all)"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="run the first N prompts of each category (default all)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="most new tokens per generation (default 128); EOS ends earlier"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default); identity is checked only when greedy"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="passes over all prompts and methods (default 3)")
-    parser.add_argument("--peers", default=[], type=_comma_list, help="hf: also time transformers' generate (greedy, prompt lookup, assistant)")
-    parser.add_argument("--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)")
-    parser.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="quickdraft model runner (default auto)")
-    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "int8"], help="dtype of the quickdraft runs (default float32: the same weights the transformers peers run; auto = native int8)")
+    parser.add_argument(
+        "--peers",
+        default=[],
+        type=_comma_list,
+        help="hf: also time transformers' generate (greedy, prompt lookup, assistant)",
+    )
+    parser.add_argument(
+        "--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)"
+    )
+    parser.add_argument(
+        "--runtime", default="auto", choices=["auto", "native", "hf"], help="quickdraft model runner (default auto)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["auto", "float32", "bfloat16", "int8"],
+        help=(
+            "dtype of the quickdraft runs (default float32: the same weights the transformers peers run; "
+            "auto = native int8)"
+        ),
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default 0)")
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("--from-results", type=Path, metavar="RESULTS_JSON", help="measure nothing: redo the summary, report.md and plots of an earlier results.json into --out")
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: redo the summary, report.md and plots of an earlier results.json into --out",
+    )
     parser.set_defaults(func=run)
 
 
@@ -70,10 +121,20 @@ def _measure(args: argparse.Namespace) -> dict:
     if args.dataset is None:
         raise UsageError("--dataset is required to measure; pass a JSONL prompt file (or --from-results to re-render)")
     config = BenchConfig(
-        model=args.model, dataset=args.dataset, drafters=tuple(args.drafters), ks=tuple(args.k),
-        categories=tuple(args.categories) if args.categories else None, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, repeats=args.repeats, peers=tuple(args.peers),
-        hf_lookup_tokens=args.hf_lookup_tokens, runtime=args.runtime, dtype=args.dtype, seed=args.seed,
+        model=args.model,
+        dataset=args.dataset,
+        drafters=tuple(args.drafters),
+        ks=tuple(args.k),
+        categories=tuple(args.categories) if args.categories else None,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        peers=tuple(args.peers),
+        hf_lookup_tokens=args.hf_lookup_tokens,
+        runtime=args.runtime,
+        dtype=args.dtype,
+        seed=args.seed,
         progress=not args.no_progress,
     )
     if args.threads:
@@ -108,5 +169,5 @@ def _comma_list(text: str) -> list[str]:
 
 
 def _k_list(text: str) -> list[int | str]:
-    """"1,2,4" -> [1, 2, 4]; words (e.g. "auto") pass through for the engine to accept or refuse."""
+    """ "1,2,4" -> [1, 2, 4]; words (e.g. "auto") pass through for the engine to accept or refuse."""
     return [int(item) if item.lstrip("-").isdigit() else item for item in _comma_list(text)]

@@ -16,11 +16,22 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--models", nargs="+", default=list(BUILT_IN_MODELS), help="built-in names or HF dirs")
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; medians are reported")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--dtypes", nargs="*", default=[], choices=sorted(NATIVE_DTYPES),
-                        help="extra native dtypes to measure besides float32 and the default")
-    parser.add_argument("--dev-prompts", metavar="JSONL", help="also time n-gram speculation per runner on these "
-                        "Spec-Bench style prompts (e.g. ../shared/data/specbench_dev.jsonl)")
-    parser.add_argument("--per-category", type=int, default=1, help="dev prompts per category, in file order (default 1)")
+    parser.add_argument(
+        "--dtypes",
+        nargs="*",
+        default=[],
+        choices=sorted(NATIVE_DTYPES),
+        help="extra native dtypes to measure besides float32 and the default",
+    )
+    parser.add_argument(
+        "--dev-prompts",
+        metavar="JSONL",
+        help="also time n-gram speculation per runner on these "
+        "Spec-Bench style prompts (e.g. ../shared/data/specbench_dev.jsonl)",
+    )
+    parser.add_argument(
+        "--per-category", type=int, default=1, help="dev prompts per category, in file order (default 1)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per dev prompt (default 64)")
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     parser.set_defaults(func=run)

@@ -14,7 +14,8 @@ WARMUP_TOKENS = 4  # a short untimed run first, so neither timed run pays one-ti
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "generate", help="generate text with speculative decoding",
+        "generate",
+        help="generate text with speculative decoding",
         description="Generate text with speculative decoding; the output is exactly what the target alone would write.",
     )
     parser.add_argument("prompt", help="the prompt text (use --chat to wrap it in the model's chat template)")
@@ -24,21 +25,70 @@ def register(subparsers) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off")
     parser.add_argument("--seed", type=int, default=None, help="seed of this request's RNG, for reproducible sampling")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when this text appears (repeatable); it is not printed")
-    parser.add_argument("--chat", action="store_true", help="format the prompt as a user message with the model's chat template")
-    parser.add_argument("--compare", action="store_true", help="also run the target alone, then print the speedup and whether outputs are identical")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop when this text appears (repeatable); it is not printed",
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="format the prompt as a user message with the model's chat template"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the target alone, then print the speedup and whether outputs are identical",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object {text, stats} instead of streaming")
     parser.set_defaults(func=run)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
-    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); see `quickdraft models list`")
-    parser.add_argument("--drafter", default=None, help="none, ngram (prompt lookup), head (the draft head shipped for the target), head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head (default: ngram, joined under --k auto by the head shipped for the target if there is one)")
-    parser.add_argument("--k", type=parse_k, default="auto", help="draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) or a fixed N (default auto)")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=(
+            f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); "
+            "see `quickdraft models list`"
+        ),
+    )
+    parser.add_argument(
+        "--drafter",
+        default=None,
+        help=(
+            "none, ngram (prompt lookup), head (the draft head shipped for the target), "
+            "head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, "
+            "or several joined by commas for --k auto, e.g. ngram,head "
+            "(default: ngram, joined under --k auto by the head shipped for the target if there is one)"
+        ),
+    )
+    parser.add_argument(
+        "--k",
+        type=parse_k,
+        default="auto",
+        help=(
+            "draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) "
+            "or a fixed N (default auto)"
+        ),
+    )
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
-    parser.add_argument("--runtime", default="auto", choices=RUNTIMES, help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), float32 on hf")
+    parser.add_argument(
+        "--runtime",
+        default="auto",
+        choices=RUNTIMES,
+        help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help=(
+            "weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), "
+            "float32 on hf"
+        ),
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
@@ -54,7 +104,15 @@ def parse_k(text: str) -> int | str:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    engine = Engine.from_names(args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads)
+    engine = Engine.from_names(
+        args.model,
+        drafter=args.drafter,
+        k=args.k,
+        k_max=args.k_max,
+        runtime=args.runtime,
+        dtype=args.dtype,
+        threads=args.threads,
+    )
     prompt_ids = engine.encode(args.prompt, chat=args.chat)
     if args.compare:
         engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS))
@@ -71,8 +129,12 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     if not args.prompt.strip():
         raise UsageError("the prompt is empty; pass some text to continue")
     return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        stop=tuple(args.stop),
     )
 
 
@@ -88,7 +150,13 @@ def _stream_to_stdout(engine: Engine, prompt_ids: list[int], params: SamplingPar
 
 
 def _json_report(spec: SpecConfig, result: Finished, baseline: Finished | None) -> dict:
-    report = {"text": result.text, "finish_reason": result.finish_reason, "drafter": spec.drafter, "k": spec.k, "stats": result.stats.to_dict()}
+    report = {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "drafter": spec.drafter,
+        "k": spec.k,
+        "stats": result.stats.to_dict(),
+    }
     if baseline is not None:
         report["stats"]["baseline_tokens_per_second"] = baseline.stats.tokens_per_second
         report.update(
@@ -115,12 +183,14 @@ def _print_report(spec: SpecConfig, result: Finished, baseline: Finished | None)
         f"acceptance by draft position: {positions}",
         f"accepted-length histogram (0..k): {stats.accepted_length_histogram}",
         f"steps by drafted k (0..k): {stats.k_histogram}, by drafter: {stats.drafter_steps}",
-        f"time: first token {stats.prefill_seconds * 1000:.0f} ms, drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s",
+        f"time: first token {stats.prefill_seconds * 1000:.0f} ms, drafting {stats.draft_seconds:.2f} s, "
+        f"verifying {stats.verify_seconds:.2f} s",
     ]
     if baseline is not None:
         identical = baseline.token_ids == result.token_ids
         lines.append(
-            f"target alone: {baseline.stats.tokens_per_second:.1f} tok/s -> speedup {_speedup(stats, baseline.stats):.2f}x, "
+            f"target alone: {baseline.stats.tokens_per_second:.1f} tok/s "
+            f"-> speedup {_speedup(stats, baseline.stats):.2f}x, "
             f"outputs {'identical' if identical else 'DIFFERENT'}"
         )
     print("\n".join(lines))

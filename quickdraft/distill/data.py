@@ -21,9 +21,9 @@ renamed), until the answers hold at least the requested number of tokens.
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -80,7 +80,12 @@ class Shard:
         starts = torch.cumsum(self.lengths, 0) - self.lengths
         for i, (start, length) in enumerate(zip(starts.tolist(), self.lengths.tolist())):
             end = start + length
-            yield int(self.prompt_indices[i]), self.tokens[start:end], self.hidden[start:end], int(self.answer_starts[i])
+            yield (
+                int(self.prompt_indices[i]),
+                self.tokens[start:end],
+                self.hidden[start:end],
+                int(self.answer_starts[i]),
+            )
 
     @property
     def answer_tokens(self) -> int:
@@ -92,8 +97,13 @@ def prompt_list_digest(prompts: list[str]) -> str:
 
 
 def generate_shards(
-    load_writer: Callable[[], LoadedModel], prompts: list[str], data_dir: Path,
-    target_tokens: int, config: GenerationConfig, identity: dict, progress: Callable[[int, int], None] = lambda done, goal: None,
+    load_writer: Callable[[], LoadedModel],
+    prompts: list[str],
+    data_dir: Path,
+    target_tokens: int,
+    config: GenerationConfig,
+    identity: dict,
+    progress: Callable[[int, int], None] = lambda done, goal: None,
 ) -> int:
     """Append shards to `data_dir` until the answers hold `target_tokens` tokens; returns the total.
 
@@ -130,7 +140,9 @@ def _open_manifest(data_dir: Path, prompts: list[str], config: GenerationConfig,
     manifest = json.loads(path.read_text())
     for key, value in expected.items():
         if manifest.get(key) != value:
-            raise UsageError(f"{data_dir} holds data made with a different {key}; use a new --out or the original settings")
+            raise UsageError(
+                f"{data_dir} holds data made with a different {key}; use a new --out or the original settings"
+            )
     return manifest
 
 
@@ -143,9 +155,17 @@ def load_shards(data_dir: Path) -> list[Shard]:
     return [_read_shard(data_dir / entry["file"]) for entry in manifest["shards"]]
 
 
-def answer_chunk(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], chunk: list[int], config: GenerationConfig) -> Shard:
+def answer_chunk(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    chunk: list[int],
+    config: GenerationConfig,
+) -> Shard:
     """The target's answers to prompts[i] for i in chunk, batched by similar prompt length."""
-    encoded = {i: encode_prompt(tokenizer, prompts[i], chat=bool(tokenizer.chat_template), model_name="target") for i in chunk}
+    encoded = {
+        i: encode_prompt(tokenizer, prompts[i], chat=bool(tokenizer.chat_template), model_name="target") for i in chunk
+    }
     kept = sorted((i for i in chunk if len(encoded[i]) <= config.max_prompt_tokens), key=lambda i: len(encoded[i]))
     sequences: list[Sequence] = []
     for start in range(0, len(kept), config.batch_size):
@@ -155,18 +175,32 @@ def answer_chunk(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pro
 
 
 @torch.inference_mode()
-def generate_batch(model: PreTrainedModel, prompt_ids: list[list[int]], prompt_indices: list[int], max_new_tokens: int) -> list[Sequence]:
+def generate_batch(
+    model: PreTrainedModel, prompt_ids: list[list[int]], prompt_indices: list[int], max_new_tokens: int
+) -> list[Sequence]:
     """Greedy answers to a batch of tokenised prompts, with the post-norm state of every position."""
     pad = _pad_id(model)
     width = max(len(ids) for ids in prompt_ids)
-    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in prompt_ids], device=model.device)  # [B, width]
-    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids], device=model.device)  # [B, width]
+    input_ids = torch.tensor(
+        [[pad] * (width - len(ids)) + ids for ids in prompt_ids], device=model.device
+    )  # [B, width]
+    attention = torch.tensor(
+        [[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids], device=model.device
+    )  # [B, width]
     captured: list[torch.Tensor] = []
-    hook = final_norm(model).register_forward_hook(lambda module, args, output: captured.append(output.to(HIDDEN_DTYPE)))
+    hook = final_norm(model).register_forward_hook(
+        lambda module, args, output: captured.append(output.to(HIDDEN_DTYPE))
+    )
     try:
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=pad, top_p=None, top_k=None, temperature=None,
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            top_p=None,
+            top_k=None,
+            temperature=None,
         )  # [B, width + generated]
     finally:
         hook.remove()
@@ -178,7 +212,9 @@ def generate_batch(model: PreTrainedModel, prompt_ids: list[list[int]], prompt_i
     ]
 
 
-def _sequence(prompt_index: int, generated: list[int], prompt: list[int], hidden: torch.Tensor, eos: set[int]) -> Sequence:
+def _sequence(
+    prompt_index: int, generated: list[int], prompt: list[int], hidden: torch.Tensor, eos: set[int]
+) -> Sequence:
     """Cut the answer after its first EOS, then drop the last token (its state was never computed)."""
     length = next((i + 1 for i, token in enumerate(generated) if token in eos), len(generated))
     tokens = torch.tensor(prompt + generated[: length - 1], dtype=torch.long)  # [T]
@@ -206,7 +242,9 @@ def int8_rounded(model: PreTrainedModel) -> PreTrainedModel:
     decoder_linears = [m for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
     for linear in [*decoder_linears, model.get_output_embeddings()]:
         q, scales = quantize_rows(linear.weight.detach())  # [out, in] int8, [out]
-        linear.weight = torch.nn.Parameter((q.float() * scales.float()[:, None]).to(linear.weight.dtype), requires_grad=False)
+        linear.weight = torch.nn.Parameter(
+            (q.float() * scales.float()[:, None]).to(linear.weight.dtype), requires_grad=False
+        )
     return model
 
 
@@ -214,7 +252,9 @@ def final_norm(model: PreTrainedModel) -> torch.nn.Module:
     """The module whose output is the state the output layer reads."""
     norm = getattr(model.get_decoder(), "norm", None)
     if norm is None:
-        raise UsageError(f"{type(model).__name__} has no final norm at model.norm; distill supports Llama- and Gemma-style models")
+        raise UsageError(
+            f"{type(model).__name__} has no final norm at model.norm; distill supports Llama- and Gemma-style models"
+        )
     return norm
 
 
@@ -234,8 +274,11 @@ def _eos_ids(model: PreTrainedModel) -> list[int]:
 
 def _pack(sequences: list[Sequence], hidden_size: int) -> Shard:
     if not sequences:
-        return Shard(torch.zeros(0, dtype=torch.long), torch.zeros(0, hidden_size, dtype=HIDDEN_DTYPE),
-                     *(torch.zeros(0, dtype=torch.long) for _ in range(3)))
+        return Shard(
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, hidden_size, dtype=HIDDEN_DTYPE),
+            *(torch.zeros(0, dtype=torch.long) for _ in range(3)),
+        )
     return Shard(
         tokens=torch.cat([s.tokens for s in sequences]),
         hidden=torch.cat([s.hidden for s in sequences]),

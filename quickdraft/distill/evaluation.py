@@ -29,7 +29,9 @@ def heldout_prompts(prompts: list[str], count: int) -> list[str]:
     return [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY == 0][:count]
 
 
-def untrained_metrics(target: LoadedModel, vocab_ids: torch.Tensor, heldout: list[Example], config: TrainConfig) -> dict:
+def untrained_metrics(
+    target: LoadedModel, vocab_ids: torch.Tensor, heldout: list[Example], config: TrainConfig
+) -> dict:
     """Held-out metrics of a freshly initialised head: the baseline training must beat."""
     torch.manual_seed(config.seed)
     head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab_ids)

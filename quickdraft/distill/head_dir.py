@@ -49,9 +49,13 @@ def read_config(directory: Path) -> dict:
     try:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{directory} is not a draft head directory ({path}: {exc}); train one with quickdraft distill") from exc
+        raise UsageError(
+            f"{directory} is not a draft head directory ({path}: {exc}); train one with quickdraft distill"
+        ) from exc
     if config.get("format") != FORMAT:
-        raise UsageError(f"{path} has format {config.get('format')!r}, expected {FORMAT}; retrain the head with this version")
+        raise UsageError(
+            f"{path} has format {config.get('format')!r}, expected {FORMAT}; retrain the head with this version"
+        )
     return config
 
 

@@ -43,7 +43,10 @@ def embedding_matrices(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]
     """(token embeddings [vocab, hidden], output layer [vocab, hidden]) of the target's runner."""
     matrices = getattr(target.runner, "embedding_matrices", None)
     if matrices is None:
-        raise UsageError(f"the {type(target.runner).__name__} runner does not expose its embeddings; use --runtime hf with a head drafter")
+        raise UsageError(
+            f"the {type(target.runner).__name__} runner does not expose its embeddings; "
+            "use --runtime hf with a head drafter"
+        )
     return matrices()
 
 
@@ -54,6 +57,7 @@ def _probe(output: torch.Tensor) -> torch.Tensor:
 
 def _refuse(head_dir: str, expected: dict, why: str) -> None:
     raise UsageError(
-        f"head {head_dir} was trained for target {expected['name']} ({expected['architecture']}); this target has {why}; "
+        f"head {head_dir} was trained for target {expected['name']} ({expected['architecture']}); "
+        f"this target has {why}; "
         f"use that target, or train a head for this one with quickdraft distill --target MODEL"
     )

@@ -38,9 +38,12 @@ class HeadConfig:
         rope = getattr(text_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         return cls(
-            hidden_size=text_config.hidden_size, intermediate_size=text_config.intermediate_size,
-            num_heads=text_config.num_attention_heads, num_kv_heads=text_config.num_key_value_heads,
-            head_dim=head_dim, rope_theta=float(theta or getattr(text_config, "rope_theta", 10000.0)),
+            hidden_size=text_config.hidden_size,
+            intermediate_size=text_config.intermediate_size,
+            num_heads=text_config.num_attention_heads,
+            num_kv_heads=text_config.num_key_value_heads,
+            head_dim=head_dim,
+            rope_theta=float(theta or getattr(text_config, "rope_theta", 10000.0)),
             rms_norm_eps=float(text_config.rms_norm_eps),
         )
 
@@ -139,7 +142,9 @@ class Attention(nn.Module):
 class DraftHead(nn.Module):
     """Fusion of (state, next-token embedding) plus one decoder layer; predicts the next state."""
 
-    def __init__(self, config: HeadConfig, embeddings: torch.Tensor, output: torch.Tensor, vocab_ids: torch.Tensor) -> None:
+    def __init__(
+        self, config: HeadConfig, embeddings: torch.Tensor, output: torch.Tensor, vocab_ids: torch.Tensor
+    ) -> None:
         """embeddings, output: the target's token embeddings and output layer [target_vocab, d];
         vocab_ids [draft_vocab]: the reduced vocabulary. Frozen, taken from the target, not saved."""
         super().__init__()

@@ -25,7 +25,15 @@ from quickdraft.distill.head_dir import build_head, load_head, read_config, save
 from quickdraft.distill.identity import target_identity
 from quickdraft.distill.model import HeadConfig
 from quickdraft.distill.prompts import load_prompts
-from quickdraft.distill.train import HELDOUT_EVERY, HeadObjective, TrainConfig, Trainer, answer_tokens, evaluate, split_examples
+from quickdraft.distill.train import (
+    HELDOUT_EVERY,
+    HeadObjective,
+    TrainConfig,
+    Trainer,
+    answer_tokens,
+    evaluate,
+    split_examples,
+)
 from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
@@ -45,7 +53,9 @@ class DistillOptions:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     training: TrainConfig = field(default_factory=TrainConfig)
     init_head: Path | None = None  # start from this head's weights and vocabulary instead of a fresh head
-    eval_prompts: int = 30  # held-out prompts answered by the engine with the head, for the card (per-prompt tau spreads 1.1-5.0)
+    eval_prompts: int = (
+        30  # held-out prompts answered by the engine with the head, for the card (per-prompt tau spreads 1.1-5.0)
+    )
     command: str = ""  # the command line, recorded in the card
 
 
@@ -56,23 +66,44 @@ def distill(options: DistillOptions) -> Path:
     target = load_model(options.target, runtime="hf")
     prompts = load_prompts(options.prompts)
     identity = target_identity(target)
-    _say(f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens")
-    generate_shards(lambda: _writer(target, options), prompts, options.out / "data", options.tokens,
-                    options.generation, identity, progress=_data_progress(time.perf_counter()))
+    _say(
+        f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens"
+    )
+    generate_shards(
+        lambda: _writer(target, options),
+        prompts,
+        options.out / "data",
+        options.tokens,
+        options.generation,
+        identity,
+        progress=_data_progress(time.perf_counter()),
+    )
     shards = load_shards(options.out / "data")
     if options.kind == "standalone":
         from quickdraft.distill.standalone import train_standalone
 
         return train_standalone(target, shards, options)
     vocab = _vocab(target, shards, prompts, options)
-    _say(f"reduced vocabulary: {len(vocab.ids)} tokens, covering {vocab.heldout_coverage:.2%} of held-out answer tokens")
+    _say(
+        f"reduced vocabulary: {len(vocab.ids)} tokens, covering {vocab.heldout_coverage:.2%} of held-out answer tokens"
+    )
     return _train_head(target, shards, vocab, identity, prompts, options, started)
 
 
-def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict, prompts: list[str], options: DistillOptions, started: float) -> Path:
+def _train_head(
+    target: LoadedModel,
+    shards,
+    vocab: VocabChoice,
+    identity: dict,
+    prompts: list[str],
+    options: DistillOptions,
+    started: float,
+) -> Path:
     head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
     train, heldout = split_examples(shards, options.training.train_on_prompts)
-    trainer = Trainer(HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt")
+    trainer = Trainer(
+        HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt"
+    )
     start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
     if options.resume and trainer.resume():
         _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")
@@ -80,24 +111,42 @@ def _train_head(target: LoadedModel, shards, vocab: VocabChoice, identity: dict,
         head.load_state_dict(start.state_dict())
         _say(f"starting from the head in {options.init_head}")
     # held-out metrics training must beat: the starting head's, else a fresh head's
-    baseline = (evaluate(start, heldout, options.training) if start is not None
-                else evaluation.untrained_metrics(target, vocab.ids, heldout, options.training))
+    baseline = (
+        evaluate(start, heldout, options.training)
+        if start is not None
+        else evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
+    )
     metrics = trainer.run()
     head.eval()
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
     save_head(options.out, head, identity, **extra)
     eval_prompts = evaluation.heldout_prompts(prompts, options.eval_prompts)
     _say(f"measuring the saved head with the engine (default runtime) on {len(eval_prompts)} held-out prompts")
-    measured = evaluation.engine_metrics(load_model(options.target), options.out, eval_prompts, options.generation.max_new_tokens)
+    measured = evaluation.engine_metrics(
+        load_model(options.target), options.out, eval_prompts, options.generation.max_new_tokens
+    )
     save_head(options.out, head, identity, **extra, engine=measured)
     facts = card.Facts(
-        target=options.target, identity=identity, data=card.data_facts(shards, train, heldout), vocab=vocab,
-        generation=options.generation, training=options.training, train_seconds=trainer.state.seconds, total_seconds=time.perf_counter() - started,
-        heldout=metrics, baseline=baseline, engine=measured, command=options.command, parameters=sum(p.numel() for p in head.parameters()),
+        target=options.target,
+        identity=identity,
+        data=card.data_facts(shards, train, heldout),
+        vocab=vocab,
+        generation=options.generation,
+        training=options.training,
+        train_seconds=trainer.state.seconds,
+        total_seconds=time.perf_counter() - started,
+        heldout=metrics,
+        baseline=baseline,
+        engine=measured,
+        command=options.command,
+        parameters=sum(p.numel() for p in head.parameters()),
         init_head=str(options.init_head) if options.init_head else None,
     )
     (options.out / "README.md").write_text(card.render(facts))
-    _say(f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), engine tau {measured['tau']:.2f}")
+    _say(
+        f"head written to {options.out}: held-out tau@{metrics['k']} {metrics['tau']:.2f} (teacher-forced), "
+        f"engine tau {measured['tau']:.2f}"
+    )
     return options.out
 
 
@@ -122,7 +171,9 @@ def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOpti
         return VocabChoice(ids, coverage(ids, train_counts), coverage(ids, heldout_counts))
     training_prompts = [p for i, p in enumerate(prompts) if i % HELDOUT_EVERY != 0]
     prior = prompt_counts(target.tokenizer, training_prompts, target.info.vocab_size)
-    vocab = choose_vocab(train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids), prior_counts=prior)
+    vocab = choose_vocab(
+        train_counts, heldout_counts, options.vocab, forced=sorted(target.info.eos_token_ids), prior_counts=prior
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"ids": vocab.ids.tolist()}))
     return vocab

@@ -39,11 +39,14 @@ def load_prompts(path: Path | None, seed: int = 0) -> list[str]:
 
 
 def read_prompt_file(path: Path) -> list[str]:
-    """A .jsonl file (one object a line: prompt/text/instruction/question, or turns[0]) or plain text, one prompt a line."""
+    """A .jsonl file (one object a line: prompt/text/instruction/question, or turns[0]) or plain text,
+    one prompt a line."""
     try:
         lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as exc:
-        raise UsageError(f"cannot read prompts file {path}: {exc.strerror}; pass an existing file to --prompts") from exc
+        raise UsageError(
+            f"cannot read prompts file {path}: {exc.strerror}; pass an existing file to --prompts"
+        ) from exc
     if str(path).endswith(".jsonl"):
         return [_prompt_of(json.loads(line), path) for line in lines]
     return [line.strip() for line in lines]

@@ -25,11 +25,18 @@ def standalone_model(target: LoadedModel) -> LlamaForCausalLM:
     """A `LAYERS`-layer Llama shaped like the target's layers, embedding and final norm copied."""
     source = target.runner.model.config.get_text_config()
     config = LlamaConfig(
-        vocab_size=target.info.vocab_size, hidden_size=source.hidden_size, intermediate_size=source.intermediate_size,
-        num_hidden_layers=LAYERS, num_attention_heads=source.num_attention_heads,
-        num_key_value_heads=source.num_key_value_heads, head_dim=getattr(source, "head_dim", None),
-        max_position_embeddings=target.info.max_context, rms_norm_eps=source.rms_norm_eps,
-        tie_word_embeddings=True, bos_token_id=source.bos_token_id, eos_token_id=sorted(target.info.eos_token_ids),
+        vocab_size=target.info.vocab_size,
+        hidden_size=source.hidden_size,
+        intermediate_size=source.intermediate_size,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=source.num_attention_heads,
+        num_key_value_heads=source.num_key_value_heads,
+        head_dim=getattr(source, "head_dim", None),
+        max_position_embeddings=target.info.max_context,
+        rms_norm_eps=source.rms_norm_eps,
+        tie_word_embeddings=True,
+        bos_token_id=source.bos_token_id,
+        eos_token_id=sorted(target.info.eos_token_ids),
         pad_token_id=getattr(source, "pad_token_id", None),
     )
     model = LlamaForCausalLM(config)
@@ -65,7 +72,11 @@ class StandaloneObjective:
     @torch.no_grad()
     def evaluate(self, examples: list[Example]) -> dict:
         self.model.eval()
-        losses, agreements = zip(*(self._losses(examples[i : i + 8]) for i in range(0, len(examples), 8))) if examples else ((0.0,), (0.0,))
+        losses, agreements = (
+            zip(*(self._losses(examples[i : i + 8]) for i in range(0, len(examples), 8)))
+            if examples
+            else ((0.0,), (0.0,))
+        )
         return {"loss": float(sum(losses) / len(losses)), "top1_agreement": float(sum(agreements) / len(agreements))}
 
 
@@ -74,7 +85,9 @@ def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
     model = standalone_model(target)
     _, output = embedding_matrices(target)
     train, heldout = split_examples(shards, options.training.train_on_prompts)
-    trainer = Trainer(StandaloneObjective(model, output), train, heldout, options.training, options.out / "train" / "standalone.pt")
+    trainer = Trainer(
+        StandaloneObjective(model, output), train, heldout, options.training, options.out / "train" / "standalone.pt"
+    )
     if options.resume:
         trainer.resume()
     metrics = trainer.run()
@@ -82,8 +95,10 @@ def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     target.tokenizer.save_pretrained(directory)
     (directory / "README.md").write_text(
-        f"# Standalone draft for {options.target}\n\n{LAYERS}-layer Llama trained by `quickdraft distill --kind standalone` "
-        f"on {sum(s.answer_tokens for s in shards)} self-generated answer tokens.\nHeld-out: {metrics}\n\n```\n{options.command}\n```\n"
+        f"# Standalone draft for {options.target}\n\n"
+        f"{LAYERS}-layer Llama trained by `quickdraft distill --kind standalone` "
+        f"on {sum(s.answer_tokens for s in shards)} self-generated answer tokens.\n"
+        f"Held-out: {metrics}\n\n```\n{options.command}\n```\n"
     )
     print(f"distill: standalone draft written to {directory}: held-out {metrics}", file=sys.stderr)
     return directory

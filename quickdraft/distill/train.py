@@ -179,7 +179,9 @@ class HeadObjective:
 class Trainer:
     """Runs epochs over the training split with progress, held-out evaluation and checkpoints."""
 
-    def __init__(self, objective: Objective, train: list[Example], heldout: list[Example], config: TrainConfig, checkpoint: Path) -> None:
+    def __init__(
+        self, objective: Objective, train: list[Example], heldout: list[Example], config: TrainConfig, checkpoint: Path
+    ) -> None:
         self.objective, self.train, self.heldout, self.config = objective, train, heldout, config
         self.checkpoint = checkpoint
         parameters = [p for p in objective.model.parameters() if p.requires_grad]
@@ -253,7 +255,11 @@ class Trainer:
     def save_checkpoint(self) -> None:
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.checkpoint.with_name(self.checkpoint.name + ".partial")
-        saved = {"model": self.objective.model.state_dict(), "optimizer": self.optimizer.state_dict(), "state": asdict(self.state)}
+        saved = {
+            "model": self.objective.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "state": asdict(self.state),
+        }
         torch.save(saved, temporary)
         temporary.replace(self.checkpoint)
 
@@ -288,7 +294,10 @@ def evaluate(head: DraftHead, examples: list[Example], config: TrainConfig) -> d
         losses.append(float(loss))
         accepted_lengths.append(_accepted_lengths(batch, drafted))
     lengths = torch.cat(accepted_lengths) if accepted_lengths else torch.zeros(0)  # [drafts]
-    by_position = [float((lengths >= s).float().mean()) / max(float((lengths >= s - 1).float().mean()), 1e-9) for s in range(1, k + 1)]
+    by_position = [
+        float((lengths >= s).float().mean()) / max(float((lengths >= s - 1).float().mean()), 1e-9)
+        for s in range(1, k + 1)
+    ]
     mean_accepted = float(lengths.float().mean()) if len(lengths) else 0.0
     return {
         "loss": sum(losses) / max(len(losses), 1),
@@ -310,7 +319,9 @@ def _accepted_lengths(batch: Batch, drafted: list[torch.Tensor]) -> torch.Tensor
     usable = length - k + 1
     if usable <= 0:
         return torch.zeros(0, dtype=torch.long)
-    right = [(drafted[s][:, s : s + usable] == batch.greedy_next[:, s : s + usable]) for s in range(k)]  # each [B, usable]
+    right = [
+        (drafted[s][:, s : s + usable] == batch.greedy_next[:, s : s + usable]) for s in range(k)
+    ]  # each [B, usable]
     leading = torch.stack(right, -1).long().cumprod(-1).sum(-1)  # [B, usable]
     starts = batch.mask[:, :usable] & (batch.greedy_next[:, k - 1 : k - 1 + usable] >= 0)
     return leading[starts]

@@ -32,9 +32,14 @@ def count_tokens(answers: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
 
 
 def choose_vocab(
-    train_counts: torch.Tensor, heldout_counts: torch.Tensor, size: int | None, forced: list[int], prior_counts: torch.Tensor | None = None,
+    train_counts: torch.Tensor,
+    heldout_counts: torch.Tensor,
+    size: int | None,
+    forced: list[int],
+    prior_counts: torch.Tensor | None = None,
 ) -> VocabChoice:
-    """Top tokens by training answer frequency (+ prompt prior), always including `forced` ids (e.g. end-of-sequence)."""
+    """Top tokens by training answer frequency (+ prompt prior), always including `forced` ids
+    (e.g. end-of-sequence)."""
     score = train_counts.double() + (PRIOR_WEIGHT * prior_counts.double() if prior_counts is not None else 0.0)
     order = _ranking(score, forced)  # [vocab] ids, forced first, then by score
     if size is None:

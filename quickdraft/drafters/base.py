@@ -18,8 +18,9 @@ accepted draft tokens): `hidden` [n, hidden] holds the next n committed position
 Other drafters cost nothing: the engine only requests states when the attribute is set.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -33,7 +34,9 @@ class Draft:
     """Proposed continuation of the context."""
 
     token_ids: tuple[int, ...]  # [k'] with k' <= k
-    probs: torch.Tensor | None = None  # [k', target_vocab] distributions the tokens were drawn from; None = point masses
+    probs: torch.Tensor | None = (
+        None  # [k', target_vocab] distributions the tokens were drawn from; None = point masses
+    )
     source: str = ""  # what the proposal rests on (e.g. "3-gram"); the adaptive controller learns acceptance per source
 
     def __len__(self) -> int:

@@ -64,7 +64,10 @@ class HeadDrafter:
         if k == 0:
             return Draft(token_ids=())
         if self._known != len(context_ids) - 1:
-            raise UsageError(f"head drafter has {self._known} target states for a context of {len(context_ids)} tokens; the engine must call observe_target")
+            raise UsageError(
+                f"head drafter has {self._known} target states for a context of {len(context_ids)} tokens; "
+                "the engine must call observe_target"
+            )
         predicted = self._catch_up(context_ids)  # [d]
         tokens, rows = [], []
         for step in range(k):
@@ -72,7 +75,9 @@ class HeadDrafter:
             tokens.append(token)
             rows.append(row)
             if step < k - 1:
-                predicted = self.head.step(predicted[None], torch.tensor([token], device=predicted.device), self._cache)[-1]
+                predicted = self.head.step(
+                    predicted[None], torch.tensor([token], device=predicted.device), self._cache
+                )[-1]
         probs = None if self._params.greedy else torch.stack(rows)  # [k, target_vocab]
         return Draft(token_ids=tuple(tokens), probs=probs)
 
@@ -83,7 +88,9 @@ class HeadDrafter:
             return self._after_pending
         states = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known, d]
         self._states = [states]
-        new_tokens = torch.tensor(context_ids[self._true_pairs + 1 :], device=states.device)  # x_{t+1} of the unseen pairs
+        new_tokens = torch.tensor(
+            context_ids[self._true_pairs + 1 :], device=states.device
+        )  # x_{t+1} of the unseen pairs
         self._after_pending = self.head.step(states[self._true_pairs :], new_tokens, self._cache)[-1]
         self._true_pairs = self._known
         return self._after_pending
@@ -117,7 +124,9 @@ def head_directory(argument: str, target_name: str) -> Path:
         if candidate is not None and candidate.is_dir():
             return candidate
     shipped = ", ".join(sorted(p.name for p in SHIPPED_HEADS.glob("*") if p.is_dir())) or "none"
-    raise UsageError(f"no draft head at {name!r} (shipped heads: {shipped}); pass head:DIR with a directory from quickdraft distill")
+    raise UsageError(
+        f"no draft head at {name!r} (shipped heads: {shipped}); pass head:DIR with a directory from quickdraft distill"
+    )
 
 
 @register_drafter("head")

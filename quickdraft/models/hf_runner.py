@@ -7,7 +7,7 @@ layers included) and the model's own attention masks apply the window; this is w
 sliding-window layer be cropped back after its window has filled.
 """
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel

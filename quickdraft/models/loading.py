@@ -71,11 +71,15 @@ def _build_runner(
             return runner
         architecture = read_config(model_dir).get("architectures", ["?"])[0]
         if runtime == "native" or dtype == "int8":
-            raise UsageError(f"no native runner for architecture {architecture}; use --runtime hf with --dtype float32 or bfloat16")
+            raise UsageError(
+                f"no native runner for architecture {architecture}; use --runtime hf with --dtype float32 or bfloat16"
+            )
     return _hf_runner(model_dir, "float32" if dtype == "auto" else dtype, device, name, tokenizer)
 
 
-def _hf_runner(model_dir: Path, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase) -> ModelRunner:
+def _hf_runner(
+    model_dir: Path, dtype: DType, device: str, name: str, tokenizer: PreTrainedTokenizerBase
+) -> ModelRunner:
     from quickdraft.models.hf_runner import HFRunner
 
     try:

@@ -63,7 +63,10 @@ def local_model_dir(name_or_path: str, *, progress: bool = True) -> Path:
     if path.is_file():
         return _converted_local_gguf(path, progress=progress)
     if name_or_path.endswith(".gguf") or name_or_path.startswith(("/", ".", "~")):
-        raise ModelError(f"no such file or directory: {name_or_path}; check the path, or use a built-in name (quickdraft models list)")
+        raise ModelError(
+            f"no such file or directory: {name_or_path}; "
+            "check the path, or use a built-in name (quickdraft models list)"
+        )
     if "/" in name_or_path:
         return _hub_snapshot(name_or_path)
     raise UsageError(
@@ -168,11 +171,17 @@ def _convert(gguf: Path, target: Path, *, source: str, sha256: str, progress: bo
         source_dir.mkdir()
         (source_dir / gguf.name).symlink_to(gguf)
         try:
-            say("converting GGUF to float32 safetensors, once (about a minute for the built-in models): de-quantizing weights")
+            say(
+                "converting GGUF to float32 safetensors, once (about a minute for the built-in models): "
+                "de-quantizing weights"
+            )
             # dequantize=True: plain float32 modules with no quantizer attached; transformers refuses
             # to save a model that still carries its GGUF quantizer.
             model = AutoModelForCausalLM.from_pretrained(
-                str(source_dir), gguf_file=gguf.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+                str(source_dir),
+                gguf_file=gguf.name,
+                dtype=torch.float32,
+                quantization_config=GgufConfig(dequantize=True),
             )
             say("building the tokenizer")
             tokenizer = AutoTokenizer.from_pretrained(str(source_dir), gguf_file=gguf.name)

@@ -10,8 +10,8 @@ that goes away cancels its job; stopping the app cancels every job and ends the 
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -110,12 +110,18 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
 
 
 async def _answer(
-    state: ServerState, worker: EngineWorker, request: Request, body: GenerationRequest, prompt_ids: list[int],
+    state: ServerState,
+    worker: EngineWorker,
+    request: Request,
+    body: GenerationRequest,
+    prompt_ids: list[int],
     form: responses.ResponseFormat,
 ) -> Response:
     """Queue the job, then stream it or wait for it; the job is cancelled if the client leaves."""
     engine = worker.engine
-    budget = generation.output_budget(body, len(prompt_ids), engine.target.info.max_context, state.settings.default_max_tokens)
+    budget = generation.output_budget(
+        body, len(prompt_ids), engine.target.info.max_context, state.settings.default_max_tokens
+    )
     spec = generation.spec_config(body, engine)
     job = Job(prompt_ids, generation.sampling_params(body, budget), spec)
     try:
@@ -127,7 +133,9 @@ async def _answer(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = responses.sse_stream(form, header, _job_events(job), spec, include_usage)
-        return _JobStreamingResponse(stream, worker, job, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _JobStreamingResponse(
+            stream, worker, job, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
     finished = await _result_unless_disconnected(job, worker, request)
     if finished is None:
         return Response(status_code=499)  # "client closed request": nobody is left to read it
@@ -141,7 +149,9 @@ async def _job_events(job: Job) -> AsyncIterator[TextDelta | Finished]:
         if isinstance(event, Failed):
             raise APIError(500, f"generation failed: {event.error}", type="server_error")
         if isinstance(event, Cancelled):
-            raise APIError(503, "the request was cancelled: the server is shutting down", type="server_error", code="cancelled")
+            raise APIError(
+                503, "the request was cancelled: the server is shutting down", type="server_error", code="cancelled"
+            )
         yield event
         if isinstance(event, Finished):
             return

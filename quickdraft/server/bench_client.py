@@ -72,13 +72,17 @@ def stream(url: str, api_key: str | None, path: str, body: dict) -> StreamResult
             finish_reason = choice.get("finish_reason") or finish_reason
     total = time.perf_counter() - started
     ttft = (first - started) if first else total
-    return StreamResult(200, "".join(pieces), usage.get("completion_tokens", 0), ttft, total, finish_reason, speculation)
+    return StreamResult(
+        200, "".join(pieces), usage.get("completion_tokens", 0), ttft, total, finish_reason, speculation
+    )
 
 
 def compare_speculation(args: argparse.Namespace) -> int:
     body = {
-        "model": args.model, "messages": [{"role": "user", "content": args.prompt}],
-        "max_tokens": args.max_tokens, "temperature": 0,
+        "model": args.model,
+        "messages": [{"role": "user", "content": args.prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
     }
     without = body | {"quickdraft": {"drafter": "none"}}
     stream(args.url, args.api_key, "/v1/chat/completions", body | {"max_tokens": 8})  # warm-up
@@ -99,9 +103,11 @@ def _stream_summary(name: str, results: list[StreamResult]) -> str:
     spec = last.speculation
     return (
         f"{name:>15}: {len(results)} runs, {last.completion_tokens} tokens ({last.finish_reason}), "
-        f"median TTFT {_median(results, 'ttft') * 1000:.0f} ms, median {_median(results, 'tokens_per_second'):.1f} tok/s, "
+        f"median TTFT {_median(results, 'ttft') * 1000:.0f} ms, "
+        f"median {_median(results, 'tokens_per_second'):.1f} tok/s, "
         f"median total {_median(results, 'total'):.2f} s; drafter {spec.get('drafter')}, "
-        f"acceptance {spec.get('acceptance_rate', 0):.1%}, mean accepted length {spec.get('mean_accepted_length', 1):.2f}"
+        f"acceptance {spec.get('acceptance_rate', 0):.1%}, "
+        f"mean accepted length {spec.get('mean_accepted_length', 1):.2f}"
     )
 
 
@@ -122,8 +128,10 @@ def load_test(args: argparse.Namespace) -> int:
     valid = sum(ok for _, ok, _ in results)
     print(
         f"load test: {args.clients} clients x {args.requests} requests = {len(results)} in {elapsed:.1f} s "
-        f"({len(results) / elapsed:.2f} req/s); statuses {dict(sorted(statuses.items()))}; valid {valid}/{len(results)}; "
-        f"latency p50 {_percentile(latencies, 50):.2f} s, p95 {_percentile(latencies, 95):.2f} s, max {latencies[-1]:.2f} s"
+        f"({len(results) / elapsed:.2f} req/s); statuses {dict(sorted(statuses.items()))}; "
+        f"valid {valid}/{len(results)}; "
+        f"latency p50 {_percentile(latencies, 50):.2f} s, p95 {_percentile(latencies, 95):.2f} s, "
+        f"max {latencies[-1]:.2f} s"
     )
     return 0 if valid == len(results) else 1
 
@@ -133,14 +141,26 @@ def _one_load_request(args: argparse.Namespace, client: int, request: int) -> tu
     chat = (client + request) % 2 == 0
     path = "/v1/chat/completions" if chat else "/v1/completions"
     body = {"model": args.model, "max_tokens": args.max_tokens, "seed": request}
-    body |= {"messages": [{"role": "user", "content": f"Say something about the number {request}."}]} if chat else {"prompt": f"Number {request} is"}
+    body |= (
+        {"messages": [{"role": "user", "content": f"Say something about the number {request}."}]}
+        if chat
+        else {"prompt": f"Number {request} is"}
+    )
     started = time.perf_counter()
     if request % 3 == 0:
         result = stream(args.url, args.api_key, path, body)
-        return result.status, result.status == 200 and result.finish_reason in ("stop", "length"), time.perf_counter() - started
+        return (
+            result.status,
+            result.status == 200 and result.finish_reason in ("stop", "length"),
+            time.perf_counter() - started,
+        )
     response = post(args.url, args.api_key, path, body)
     payload = json.loads(response.read() or b"{}")
-    valid = response.status == 200 and payload.get("choices", [{}])[0].get("finish_reason") in ("stop", "length") and "usage" in payload
+    valid = (
+        response.status == 200
+        and payload.get("choices", [{}])[0].get("finish_reason") in ("stop", "length")
+        and "usage" in payload
+    )
     return response.status, valid, time.perf_counter() - started
 
 
@@ -149,12 +169,16 @@ def _percentile(sorted_values: list[float], percent: int) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quickdraft.server.bench_client", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m quickdraft.server.bench_client", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default http://127.0.0.1:8000)")
     parser.add_argument("--api-key", default=None, help="the server's API key, if it has one")
     parser.add_argument("--model", required=True, help="the served model name")
     commands = parser.add_subparsers(dest="command", required=True)
-    compare = commands.add_parser("stream", help="TTFT and tokens/s of one streamed greedy chat request, with and without speculation")
+    compare = commands.add_parser(
+        "stream", help="TTFT and tokens/s of one streamed greedy chat request, with and without speculation"
+    )
     compare.add_argument("--prompt", required=True)
     compare.add_argument("--max-tokens", type=int, default=128)
     compare.add_argument("--rounds", type=int, default=5, help="requests per mode, alternating (default 5)")

@@ -7,8 +7,14 @@ class APIError(Exception):
     """An error answered to the client as an OpenAI error body."""
 
     def __init__(
-        self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-        code: str | None = None, headers: dict[str, str] | None = None,
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.headers = headers
@@ -31,16 +37,28 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 
 def queue_full(max_queue: int) -> APIError:
-    return APIError(429, f"the server is busy: {max_queue} requests are already waiting; retry shortly", type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+    return APIError(
+        429,
+        f"the server is busy: {max_queue} requests are already waiting; retry shortly",
+        type="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": "1"},
+    )
 
 
 def loading() -> APIError:
-    return APIError(503, "the model is still loading; retry when GET /health returns 200", type="server_error", code="model_loading")
+    return APIError(
+        503, "the model is still loading; retry when GET /health returns 200", type="server_error", code="model_loading"
+    )
 
 
 def unauthorized() -> APIError:
-    return APIError(401, "missing or wrong API key; send the header 'Authorization: Bearer YOUR_KEY'", code="invalid_api_key")
+    return APIError(
+        401, "missing or wrong API key; send the header 'Authorization: Bearer YOUR_KEY'", code="invalid_api_key"
+    )
 
 
 def body_too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than {limit} bytes; send a shorter prompt", code="request_too_large")
+    return APIError(
+        413, f"the request body is larger than {limit} bytes; send a shorter prompt", code="request_too_large"
+    )

@@ -18,15 +18,21 @@ DEFAULT_TEMPERATURE = 1.0  # as OpenAI; send temperature 0 for greedy decoding
 def check_model(request: GenerationRequest, settings: ServerSettings) -> None:
     if request.model != settings.model_name:
         raise APIError(
-            404, f"the model '{request.model}' does not exist here; this server serves '{settings.model_name}' (see GET /v1/models)",
-            param="model", code="model_not_found",
+            404,
+            f"the model '{request.model}' does not exist here; "
+            f"this server serves '{settings.model_name}' (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
         )
 
 
 async def chat_prompt_ids(engine: Engine, request: ChatCompletionRequest) -> list[int]:
     """The messages rendered through the model's chat template, as token ids."""
     if not engine.target.tokenizer.chat_template:
-        raise invalid(f"model {engine.target.info.name} has no chat template; use /v1/completions with a plain prompt", param="messages")
+        raise invalid(
+            f"model {engine.target.info.name} has no chat template; use /v1/completions with a plain prompt",
+            param="messages",
+        )
     messages = [{"role": _template_role(m.role), "content": m.text()} for m in request.messages]
     return await asyncio.to_thread(engine.encode, messages, True)
 
@@ -57,7 +63,8 @@ def output_budget(request: GenerationRequest, prompt_tokens: int, context: int, 
         raise invalid(
             f"this model's maximum context length is {context} tokens, but {prompt_tokens + budget} were requested "
             f"({prompt_tokens} in the prompt, {budget} for the completion); shorten the prompt or lower max_tokens",
-            param=prompt_param if prompt_tokens >= context else "max_tokens", code="context_length_exceeded",
+            param=prompt_param if prompt_tokens >= context else "max_tokens",
+            code="context_length_exceeded",
         )
     return budget
 
@@ -83,7 +90,9 @@ def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
     allowed_drafters = {"none", "ngram", engine.spec.drafter}  # never a path: request content never names a file
     if options.drafter is not None and options.drafter not in allowed_drafters:
         allowed = ", ".join(sorted(allowed_drafters))
-        raise invalid(f"quickdraft.drafter must be one of {allowed}, got {options.drafter!r}", param="quickdraft.drafter")
+        raise invalid(
+            f"quickdraft.drafter must be one of {allowed}, got {options.drafter!r}", param="quickdraft.drafter"
+        )
     drafter = options.drafter
     if drafter is None and isinstance(options.k, int) and len(engine.spec.drafters) > 1:
         drafter = engine.spec.drafters[0]  # a fixed k drives one drafter: the first of the server's (ngram by default)

@@ -63,17 +63,55 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.requests = _Family("quickdraft_request_success_total", "counter", "Ended requests, by finish reason (abort: client gone or shutdown; error: the engine failed).", _zeros("finished_reason", ("stop", "length", "abort", "error")))
-        self.rejected = _Family("quickdraft_request_rejected_total", "counter", "Requests refused before running, by reason.", _zeros("reason", ("queue_full",)))
-        self.prompt_tokens = _Family("quickdraft_prompt_tokens_total", "counter", "Prompt tokens of started requests.", {(): 0.0})
-        self.generation_tokens = _Family("quickdraft_generation_tokens_total", "counter", "Generated tokens of finished requests.", {(): 0.0})
-        self.drafts = _Family("quickdraft_spec_decode_num_drafts_total", "counter", "Steps that verified at least one draft token.", {(): 0.0})
-        self.draft_tokens = _Family("quickdraft_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", {(): 0.0})
-        self.accepted_tokens = _Family("quickdraft_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted by the target.", {(): 0.0})
-        self.accepted_per_pos = _Family("quickdraft_spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted draft tokens, by position in the draft (0 = first).")
-        self.ttft = _Histogram("quickdraft_time_to_first_token_seconds", "Queueing to the first output text (waiting in the queue included).", TTFT_BUCKETS)
-        self.tpot = _Histogram("quickdraft_time_per_output_token_seconds", "Time per output token after the first.", TPOT_BUCKETS)
-        self.e2e = _Histogram("quickdraft_e2e_request_latency_seconds", "Queueing to the last output token.", E2E_BUCKETS)
+        self.requests = _Family(
+            "quickdraft_request_success_total",
+            "counter",
+            "Ended requests, by finish reason (abort: client gone or shutdown; error: the engine failed).",
+            _zeros("finished_reason", ("stop", "length", "abort", "error")),
+        )
+        self.rejected = _Family(
+            "quickdraft_request_rejected_total",
+            "counter",
+            "Requests refused before running, by reason.",
+            _zeros("reason", ("queue_full",)),
+        )
+        self.prompt_tokens = _Family(
+            "quickdraft_prompt_tokens_total", "counter", "Prompt tokens of started requests.", {(): 0.0}
+        )
+        self.generation_tokens = _Family(
+            "quickdraft_generation_tokens_total", "counter", "Generated tokens of finished requests.", {(): 0.0}
+        )
+        self.drafts = _Family(
+            "quickdraft_spec_decode_num_drafts_total",
+            "counter",
+            "Steps that verified at least one draft token.",
+            {(): 0.0},
+        )
+        self.draft_tokens = _Family(
+            "quickdraft_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", {(): 0.0}
+        )
+        self.accepted_tokens = _Family(
+            "quickdraft_spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Draft tokens accepted by the target.",
+            {(): 0.0},
+        )
+        self.accepted_per_pos = _Family(
+            "quickdraft_spec_decode_num_accepted_tokens_per_pos_total",
+            "counter",
+            "Accepted draft tokens, by position in the draft (0 = first).",
+        )
+        self.ttft = _Histogram(
+            "quickdraft_time_to_first_token_seconds",
+            "Queueing to the first output text (waiting in the queue included).",
+            TTFT_BUCKETS,
+        )
+        self.tpot = _Histogram(
+            "quickdraft_time_per_output_token_seconds", "Time per output token after the first.", TPOT_BUCKETS
+        )
+        self.e2e = _Histogram(
+            "quickdraft_e2e_request_latency_seconds", "Queueing to the last output token.", E2E_BUCKETS
+        )
 
     def count_rejected(self, reason: str) -> None:
         with self._lock:
@@ -107,13 +145,28 @@ class ServerMetrics:
 
     def render(self, running: int, waiting: int) -> str:
         gauges = [
-            _Family("quickdraft_num_requests_running", "gauge", "Requests being generated (at most 1: batch size 1).", {(): running}),
+            _Family(
+                "quickdraft_num_requests_running",
+                "gauge",
+                "Requests being generated (at most 1: batch size 1).",
+                {(): running},
+            ),
             _Family("quickdraft_num_requests_waiting", "gauge", "Requests queued for the engine.", {(): waiting}),
         ]
         with self._lock:
             families = [
-                *gauges, self.requests, self.rejected, self.prompt_tokens, self.generation_tokens, self.drafts,
-                self.draft_tokens, self.accepted_tokens, self.accepted_per_pos, self.ttft, self.tpot, self.e2e,
+                *gauges,
+                self.requests,
+                self.rejected,
+                self.prompt_tokens,
+                self.generation_tokens,
+                self.drafts,
+                self.draft_tokens,
+                self.accepted_tokens,
+                self.accepted_per_pos,
+                self.ttft,
+                self.tpot,
+                self.e2e,
             ]
             blocks = [[f"# HELP {f.name} {f.help}", f"# TYPE {f.name} {f.kind}", *f.lines()] for f in families]
         return "\n".join(line for block in blocks for line in block) + "\n"

@@ -9,9 +9,9 @@ the functions below build everything else the same way. Every response carries t
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
-from typing import AsyncIterator
 
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Finished, TextDelta
@@ -107,7 +107,11 @@ def completion(form: ResponseFormat, header: ResponseHeader, finished: Finished,
 
 
 async def sse_stream(
-    form: ResponseFormat, header: ResponseHeader, events: AsyncIterator[TextDelta | Finished], spec: SpecConfig, include_usage: bool
+    form: ResponseFormat,
+    header: ResponseHeader,
+    events: AsyncIterator[TextDelta | Finished],
+    spec: SpecConfig,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
     """`data: {chunk}` lines: role first (chat), text deltas, the finish reason, optional usage, [DONE]."""
     chunk = partial(_chunk, form, header, include_usage)
@@ -135,7 +139,13 @@ def _chunk(form: ResponseFormat, header: ResponseHeader, include_usage: bool, ch
 
 
 def _opening(header: ResponseHeader, object_name: str) -> dict:
-    return {"id": header.id, "object": object_name, "created": header.created, "model": header.model, "system_fingerprint": None}
+    return {
+        "id": header.id,
+        "object": object_name,
+        "created": header.created,
+        "model": header.model,
+        "system_fingerprint": None,
+    }
 
 
 def _sse(payload: dict) -> str:

@@ -46,7 +46,9 @@ class QuickdraftOptions(_Strict):
     """Per-request speculation overrides, under the `quickdraft` key."""
 
     drafter: str | None = None  # "none", "ngram" or the server's --drafter
-    k: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] | None = None  # "auto" or a fixed N per step; 0 disables drafting
+    k: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] | None = (
+        None  # "auto" or a fixed N per step; 0 disables drafting
+    )
 
 
 class GenerationRequest(_Strict):
@@ -78,11 +80,23 @@ class GenerationRequest(_Strict):
     def unsupported(self) -> list[tuple[bool, str, str]]:
         """(is the value unsupported, param, message) for each OpenAI feature quickdraft lacks."""
         return [
-            (self.n not in (None, 1), "n", "n must be 1: quickdraft returns one choice per request; send several requests instead"),
+            (
+                self.n not in (None, 1),
+                "n",
+                "n must be 1: quickdraft returns one choice per request; send several requests instead",
+            ),
             (bool(self.presence_penalty), "presence_penalty", "presence_penalty is not supported; omit it or send 0"),
-            (bool(self.frequency_penalty), "frequency_penalty", "frequency_penalty is not supported; omit it or send 0"),
+            (
+                bool(self.frequency_penalty),
+                "frequency_penalty",
+                "frequency_penalty is not supported; omit it or send 0",
+            ),
             (bool(self.logit_bias), "logit_bias", "logit_bias is not supported; omit it"),
-            (self.stream_options is not None and not self.stream, "stream_options", "stream_options is only allowed when stream is true"),
+            (
+                self.stream_options is not None and not self.stream,
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ),
             (len(self.stop_strings()) > MAX_STOP_STRINGS, "stop", f"stop takes at most {MAX_STOP_STRINGS} strings"),
             (not all(self.stop_strings()), "stop", "stop strings must not be empty"),
         ]
@@ -104,9 +118,17 @@ class ChatCompletionRequest(GenerationRequest):
     def unsupported(self) -> list[tuple[bool, str, str]]:
         response_type = (self.response_format or {}).get("type", "text")
         return super().unsupported() + [
-            (bool(self.logprobs) or bool(self.top_logprobs), "logprobs", "logprobs are not supported; omit logprobs and top_logprobs"),
+            (
+                bool(self.logprobs) or bool(self.top_logprobs),
+                "logprobs",
+                "logprobs are not supported; omit logprobs and top_logprobs",
+            ),
             (bool(self.tools), "tools", "tools are not supported; omit tools"),
-            (response_type != "text", "response_format", f"response_format {response_type!r} is not supported; omit it"),
+            (
+                response_type != "text",
+                "response_format",
+                f"response_format {response_type!r} is not supported; omit it",
+            ),
         ]
 
 
@@ -120,7 +142,11 @@ class CompletionRequest(GenerationRequest):
     def unsupported(self) -> list[tuple[bool, str, str]]:
         return super().unsupported() + [
             (isinstance(self.prompt, list) and not self.prompt, "prompt", "prompt is empty; send some text"),
-            (_is_text_batch(self.prompt), "prompt", "prompt must be one string or one list of token ids; send one request per prompt"),
+            (
+                _is_text_batch(self.prompt),
+                "prompt",
+                "prompt must be one string or one list of token ids; send one request per prompt",
+            ),
             (bool(self.echo), "echo", "echo is not supported; omit it"),
             (bool(self.suffix), "suffix", "suffix is not supported; omit it"),
             (self.best_of not in (None, 1), "best_of", "best_of must be 1"),
@@ -150,7 +176,9 @@ def parse_request(model: type[RequestT], body: bytes) -> RequestT:
 def _validation_error(exc: ValidationError, body: bytes) -> APIError:
     errors = exc.errors(include_url=False)
     if errors[0]["type"] == "json_invalid":
-        return invalid(f"the request body is not valid JSON ({errors[0]['msg']}); send a JSON object", code="invalid_json")
+        return invalid(
+            f"the request body is not valid JSON ({errors[0]['msg']}); send a JSON object", code="invalid_json"
+        )
     error = max(errors, key=lambda e: len(e["loc"]))  # the deepest error is the most specific one
     param = _param(error, json.loads(body))
     where = f"invalid value for '{param}': " if param else "invalid request body: "
@@ -164,7 +192,11 @@ def _param(error: dict, data: object) -> str | None:
     for index, part in enumerate(loc):
         if isinstance(part, int) and isinstance(data, list) and part < len(data):
             path, data = f"{path}[{part}]", data[part]
-        elif isinstance(part, str) and isinstance(data, dict) and (part in data or (error["type"] == "missing" and index == len(loc) - 1)):
+        elif (
+            isinstance(part, str)
+            and isinstance(data, dict)
+            and (part in data or (error["type"] == "missing" and index == len(loc) - 1))
+        ):
             path, data = f"{path}.{part}" if path else part, data.get(part)
         else:
             break

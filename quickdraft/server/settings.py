@@ -19,7 +19,10 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         _require(bool(self.model_name), "the served model name is empty; pass --served-model-name NAME")
-        _require(self.api_key is None or bool(self.api_key.strip()), "the API key is empty; pass a non-empty --api-key or key file")
+        _require(
+            self.api_key is None or bool(self.api_key.strip()),
+            "the API key is empty; pass a non-empty --api-key or key file",
+        )
         _require(self.max_queue >= 0, f"max_queue must be >= 0, got {self.max_queue}")
         _require(self.max_body_bytes >= 1024, f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         _require(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")

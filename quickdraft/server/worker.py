@@ -153,7 +153,9 @@ class EngineWorker:
                     return
                 first_token = first_token or time.perf_counter()
                 if isinstance(event, Finished):
-                    self.metrics.count_finished(event.finish_reason, event.stats, RequestTiming(job.queued, first_token, time.perf_counter()))
+                    self.metrics.count_finished(
+                        event.finish_reason, event.stats, RequestTiming(job.queued, first_token, time.perf_counter())
+                    )
                 job.emit(event)
         except Exception as exc:  # reported to the client as a 500; the worker keeps serving
             logger.exception("generation failed")

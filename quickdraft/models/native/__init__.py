@@ -29,7 +29,14 @@ NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": t
 # to ~0.4 between a 5-token and five 1-token forwards on SmolLM2), so greedy ties flip there.
 DEFAULT_NATIVE_DTYPE = "int8"
 
-__all__ = ["DEFAULT_NATIVE_DTYPE", "NATIVE_ARCHITECTURES", "NATIVE_DTYPES", "NativeRunner", "native_runner_for", "native_spec"]
+__all__ = [
+    "DEFAULT_NATIVE_DTYPE",
+    "NATIVE_ARCHITECTURES",
+    "NATIVE_DTYPES",
+    "NativeRunner",
+    "native_runner_for",
+    "native_spec",
+]
 
 
 def native_spec(model_dir: Path) -> DecoderSpec | None:
@@ -57,4 +64,3 @@ def native_runner_for(model_dir: Path, dtype: str = "float32", device: str = "cp
     weights = load_weights(model_dir, spec, NATIVE_DTYPES[dtype], torch_device, int8=dtype == "int8")
     info = replace(model_info(model_dir, name=str(model_dir), vocab_size=spec.vocab_size), max_context=spec.max_context)
     return NativeRunner(info, spec, weights, NATIVE_DTYPES[dtype], torch_device)
-

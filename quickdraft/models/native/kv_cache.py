@@ -17,8 +17,15 @@ INITIAL_CAPACITY = 1024  # positions allocated up front; grows by doubling, at m
 class KVCache:
     """Keys and values of one sequence for every layer: [layers, KV, capacity, hd] each."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_context: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_context: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.max_context = max_context
         self.length = 0  # positions 0..length-1 hold valid keys and values
         self._shape = (num_layers, num_kv_heads, 0, head_dim)
@@ -44,8 +51,8 @@ class KVCache:
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store keys, values [n, KV, hd] of positions start..start+n-1."""
         n = keys.shape[0]
-        self.keys[layer][:, start:start + n].copy_(keys.transpose(0, 1))
-        self.values[layer][:, start:start + n].copy_(values.transpose(0, 1))
+        self.keys[layer][:, start : start + n].copy_(keys.transpose(0, 1))
+        self.values[layer][:, start : start + n].copy_(values.transpose(0, 1))
 
     def read(self, layer: int, begin: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys, values of positions begin..end-1: views [KV, end-begin, hd]."""
@@ -62,6 +69,6 @@ class KVCache:
         new_keys = torch.zeros(shape, dtype=self._dtype, device=self._device)
         new_values = torch.zeros(shape, dtype=self._dtype, device=self._device)
         for layer, (old_k, old_v) in enumerate(zip(self.keys, self.values)):
-            new_keys[layer, :, :self.length].copy_(old_k[:, :self.length])
-            new_values[layer, :, :self.length].copy_(old_v[:, :self.length])
+            new_keys[layer, :, : self.length].copy_(old_k[:, : self.length])
+            new_values[layer, :, : self.length].copy_(old_v[:, : self.length])
         self.keys, self.values = list(new_keys.unbind(0)), list(new_values.unbind(0))

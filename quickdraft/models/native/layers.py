@@ -18,12 +18,20 @@ class AttentionWindow:
     rows: tuple["AttentionWindow", ...] = ()  # one 1-query window per query, when they must attend one at a time
 
     @staticmethod
-    def build(start: int, n: int, window: int | None, groups: int, dtype: torch.dtype,
-              device: torch.device, exact_rows: bool = False) -> "AttentionWindow":
+    def build(
+        start: int,
+        n: int,
+        window: int | None,
+        groups: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        exact_rows: bool = False,
+    ) -> "AttentionWindow":
         """Causal (and, with a window W, sliding: key > query - W) mask for queries start..start+n-1.
 
         exact_rows (verification forwards; a prefill does not need it): every query must reduce over
-        exactly the keys a 1-token forward at its position reads. Masked keys after a query's own (causal) leave its sums bit-identical, but masked keys before
+        exactly the keys a 1-token forward at its position reads. Masked keys after a query's own (causal)
+        leave its sums bit-identical, but masked keys before
         them shift where the reduction starts and change the rounding. Once a sliding window has
         moved past position 0, later queries would have such leading masked keys, so each query
         attends over its own window instead: all at once (`size`) when every query has a full
@@ -50,8 +58,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: AttentionWindow,
-              scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: AttentionWindow, scale: float
+) -> torch.Tensor:
     """Grouped-query attention without repeating keys: q [n, H, hd], keys/values [KV, L, hd] -> [n, H * hd]."""
     n, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
@@ -63,7 +72,9 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window:
     return out.view(kv_heads, groups, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads * head_dim)
 
 
-def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int, scale: float) -> torch.Tensor:
+def windowed_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, window: int, scale: float
+) -> torch.Tensor:
     """Each query over exactly the `window` keys ending at its own position, as a 1-token forward reads them.
 
     q [n, H, hd] for the last n of the L cached positions in keys/values [KV, L, hd], L = window + n - 1.
@@ -73,10 +84,14 @@ def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     n, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
     groups = heads // kv_heads
-    key_windows = keys.unfold(1, window, 1).permute(0, 1, 3, 2).reshape(kv_heads * n, window, head_dim)  # [KV * n, W, hd]
+    key_windows = (
+        keys.unfold(1, window, 1).permute(0, 1, 3, 2).reshape(kv_heads * n, window, head_dim)
+    )  # [KV * n, W, hd]
     value_windows = values.unfold(1, window, 1).permute(0, 1, 3, 2).reshape(kv_heads * n, window, head_dim)
     q_grouped = q.view(n, kv_heads, groups, head_dim).permute(1, 0, 2, 3).reshape(kv_heads * n, groups, head_dim)
-    scores = torch.baddbmm(q.new_zeros(groups, window), q_grouped, key_windows.transpose(1, 2), alpha=scale)  # [KV * n, G, W]
+    scores = torch.baddbmm(
+        q.new_zeros(groups, window), q_grouped, key_windows.transpose(1, 2), alpha=scale
+    )  # [KV * n, G, W]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
     out = torch.bmm(probs, value_windows)  # [KV * n, G, hd]
     return out.view(kv_heads, n, groups, head_dim).permute(1, 0, 2, 3).reshape(n, heads * head_dim)

@@ -26,7 +26,7 @@ def llama_spec(hf_config, architecture: str) -> DecoderSpec | None:
         rms_norm_eps=hf_config.rms_norm_eps,
         norm_weight_offset=0.0,
         activation="silu",
-        attention_scale=head_dim ** -0.5,
+        attention_scale=head_dim**-0.5,
         embedding_scale=None,
         sandwich_norms=False,
         qk_norm=architecture == "Qwen3ForCausalLM",

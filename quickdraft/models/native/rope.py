@@ -30,7 +30,9 @@ def rope_frequencies(hf_config, params: dict, head_dim: int, layer_type: str | N
 
 
 def rope_supported(params: dict) -> bool:
-    return params.get("rope_type", "default") in SUPPORTED_ROPE_TYPES and params.get("partial_rotary_factor", 1.0) == 1.0
+    return (
+        params.get("rope_type", "default") in SUPPORTED_ROPE_TYPES and params.get("partial_rotary_factor", 1.0) == 1.0
+    )
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,9 @@ class _Checkpoint:
         return self.get(self.prefix + name, required)
 
 
-def load_weights(model_dir: Path, spec: DecoderSpec, dtype: torch.dtype, device: torch.device,
-                 int8: bool) -> ModelWeights:
+def load_weights(
+    model_dir: Path, spec: DecoderSpec, dtype: torch.dtype, device: torch.device, int8: bool
+) -> ModelWeights:
     """Read, fuse and convert all weights of `spec`'s model to `dtype` on `device`."""
     ckpt = _Checkpoint(model_dir)
     place = lambda t: None if t is None else t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
@@ -119,8 +120,10 @@ def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, int8: bool) -> L
     qkv_bias = _fused_bias([tensor(f"self_attn.{p}_proj.bias", False) for p in "qkv"], (q, k, v))
     qk_norm = None
     if spec.qk_norm:
-        rows = (norm("self_attn.q_norm.weight").expand(spec.num_heads, -1),
-                norm("self_attn.k_norm.weight").expand(spec.num_kv_heads, -1))
+        rows = (
+            norm("self_attn.q_norm.weight").expand(spec.num_heads, -1),
+            norm("self_attn.k_norm.weight").expand(spec.num_kv_heads, -1),
+        )
         qk_norm = torch.cat(rows).contiguous()
     gate, up = tensor("mlp.gate_proj.weight"), tensor("mlp.up_proj.weight")
     sandwich = spec.sandwich_norms
