@@ -54,15 +54,12 @@ K_LIMIT = 64  # largest draft length anyone may ask for
 class SpecConfig:
     """How speculation is done for a request."""
 
-    # "none", "ngram", "head" / "head:DIR" (draft head), a same-tokenizer draft model (name or path),
-    # or several joined by commas (auto only)
+    # "none", "ngram" / "ngram:MIN-MAX" (prompt lookup), "head" / "head:DIR" (draft head), a same-tokenizer
+    # draft model (name or path), or several joined by commas (auto only); each kind parses its own options
     drafter: str = "ngram"
-    k: int | Literal["auto"] = (
-        "auto"  # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
-    )
+    # draft tokens per target forward; "auto": chosen per step (0..k_max) by the controller
+    k: int | Literal["auto"] = "auto"
     k_max: int = 8  # auto: most draft tokens the controller may choose
-    ngram_max: int = 4  # ngram drafter: longest suffix of the context to look up
-    ngram_min: int = 1  # ngram drafter: shortest suffix of the context to look up
 
     def __post_init__(self) -> None:
         _require(
@@ -72,7 +69,6 @@ class SpecConfig:
         _require(self.adaptive or self.k >= 0, f"k must be >= 0, got {self.k}; use 0 to disable drafting")
         _require(self.adaptive or self.k <= K_LIMIT, f"k must be <= {K_LIMIT}, got {self.k}")
         _require(1 <= self.k_max <= K_LIMIT, f"k_max must be in 1..{K_LIMIT}, got {self.k_max}")
-        _require(1 <= self.ngram_min <= self.ngram_max, "ngram sizes need 1 <= ngram_min <= ngram_max")
         _require(
             all(self.drafters), f"drafter list {self.drafter!r} has an empty name; use e.g. ngram or ngram,DRAFT_MODEL"
         )

@@ -37,7 +37,7 @@ from typing import Protocol
 
 from quickdraft.acceptance import AcceptanceEstimate, outcomes
 from quickdraft.costs import DraftCost, TargetCost
-from quickdraft.drafters.base import Draft, Drafter, is_lookup
+from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.verify import Verdict
 
 EXPLORATION_BUDGET = 0.02  # expected tokens a probe may lose, per token produced
@@ -174,7 +174,7 @@ class AdaptiveController:
         self._memory = memory
         self._k_max = k_max
         self._estimates: dict[tuple[str, str], AcceptanceEstimate] = {}  # by (drafter, Draft.source)
-        self._credit = {name: 0.0 for name, drafter in drafters.items() if not is_lookup(drafter)}  # model drafters
+        self._credit = {name: 0.0 for name, drafter in drafters.items() if not drafter.lookup_only}  # model drafters
         self._fed = dict.fromkeys(self._credit, 0)  # context length each model drafter has caught up to
         self._context_length = 0  # of the step being planned
 
@@ -183,7 +183,7 @@ class AdaptiveController:
         if limit < 1:
             return Plan(None, 0)
         self._context_length = len(context)
-        lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if is_lookup(d)}
+        lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if d.lookup_only}
         target_seconds = [self._memory.target.seconds(n) for n in range(1, limit + 2)]  # [limit + 1]
         usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
         options = [self._option(name, lookups, limit) for name in usable]

@@ -129,7 +129,7 @@ def calibrate_drafter(drafter: Drafter, target: ModelRunner, tokens: int = 3, be
 
 
 def _target_states(drafter: Drafter, target: ModelRunner, context: list[int]) -> torch.Tensor | None:
-    if not getattr(drafter, "needs_target_hidden", False):
+    if not drafter.needs_target_hidden:
         return None
     _, hidden = target.prefill(context[:-1], return_hidden=True)  # [len(context) - 1, d]
     return hidden

@@ -25,8 +25,9 @@ from quickdraft import sampling
 from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecConfig
 from quickdraft.controller import AdaptiveController, Controller, ControllerMemory, FixedController, Plan
 from quickdraft.costs import calibrate_drafter, calibrate_target
-from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions, is_lookup, make_drafter
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.defaults import default_drafter
+from quickdraft.drafters.registry import make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
@@ -88,9 +89,16 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
     ) -> "Engine":
-        """Load a target by name or path, prepare the drafters (see `SpecConfig`; None: `default_drafter` for the
-        target), and calibrate costs for k="auto"."""
+        """`Engine.load` with the config given field by field."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
+        return cls.load(config, drafter, k, k_max)
+
+    @classmethod
+    def load(
+        cls, config: EngineConfig, drafter: str | None = None, k: int | Literal["auto"] = "auto", k_max: int = 8
+    ) -> "Engine":
+        """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: `default_drafter` for
+        the target), and calibrate costs for k="auto"."""
         spec = SpecConfig(drafter=drafter or "ngram", k=k, k_max=k_max)  # checked before the slow load
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -107,7 +115,7 @@ class Engine:
     def drafter(self, name: str) -> Drafter:
         """The drafter called `name`, built on first use and kept for later requests."""
         if name not in self._drafters:
-            self._drafters[name] = make_drafter(name, self.target, self.spec, self.drafter_options)
+            self._drafters[name] = make_drafter(name, self.target, self.drafter_options)
         return self._drafters[name]
 
     def add_drafter(self, name: str, drafter: Drafter) -> None:
@@ -125,7 +133,7 @@ class Engine:
         if self._memory is None or self._memory.target.max_tokens < spec.k_max + 1:
             self._memory = ControllerMemory(calibrate_target(self.target.runner, spec.k_max + 1))
         for name, drafter in self._candidates(spec).items():
-            if not is_lookup(drafter) and name not in self._memory.draft_costs:
+            if not drafter.lookup_only and name not in self._memory.draft_costs:
                 self._memory.add_draft_cost(name, calibrate_drafter(drafter, self.target.runner))
         return self._memory
 
@@ -163,7 +171,7 @@ class Engine:
         self._check_fits(prompt_ids)
         return self._run(prompt_ids, params, spec or self.spec)
 
-    def with_spec(self, **changes) -> SpecConfig:
+    def spec_with(self, **changes) -> SpecConfig:
         """This engine's default SpecConfig with some fields replaced (validated)."""
         return replace(self.spec, **changes)
 
@@ -198,7 +206,7 @@ class Engine:
         for name in spec.drafters:
             self.drafter(name).begin(prompt_ids, params, generator)
         started = time.perf_counter()
-        hidden_readers = [d for d in self._candidates(spec).values() if getattr(d, "needs_target_hidden", False)]
+        hidden_readers = [d for d in self._candidates(spec).values() if d.needs_target_hidden]
         first = sampling.choose(_prefill(runner, prompt_ids, hidden_readers)[None], params, generator)  # [1]
         stats.target_forwards = 1
         request.commit((int(first),))

@@ -22,3 +22,8 @@ class ModelError(QuickdraftError):
     """A model could not be found, fetched, verified or loaded."""
 
     exit_code = 1
+
+
+class InternalError(RuntimeError):
+    """A broken invariant inside quickdraft (a rollback past the cache, a drafter missing target states): a bug,
+    not the caller's mistake, so it is no `QuickdraftError` and is reported as an unexpected failure."""

@@ -21,8 +21,9 @@ import time
 import torch
 
 from quickdraft.config import DEFAULT_MODEL
-from quickdraft.distill.data import GenerationConfig, answer_chunk, default_writer_dtype, load_writer
-from quickdraft.distill.prompts import load_prompts
+from quickdraft.distill.data import AnswerConfig, answer_chunk, default_writer_dtype, load_writer
+from quickdraft.distill.prompts import load_training_prompts
+from quickdraft.models.loading import transformers_model
 
 
 def main() -> None:
@@ -42,12 +43,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtypes, sizes = args.dtypes.split(","), [int(size) for size in args.batch_sizes.split(",")]
     writers = {dtype: load_writer(args.model, dtype) for dtype in dtypes}
-    prompts = load_prompts(None)
+    prompts = load_training_prompts(None)
     settings = [(dtype, size) for dtype in dtypes for size in sizes]
     rates: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
     for _ in range(args.rounds):
         for dtype, size in settings:
-            config = GenerationConfig(
+            config = AnswerConfig(
                 max_new_tokens=args.max_new_tokens,
                 batch_size=size,
                 chunk_prompts=args.prompts,
@@ -56,7 +57,9 @@ def main() -> None:
             )
             writer = writers[dtype]
             started = time.perf_counter()
-            shard = answer_chunk(writer.runner.model, writer.tokenizer, prompts, list(range(args.prompts)), config)
+            shard = answer_chunk(
+                transformers_model(writer), writer.tokenizer, prompts, list(range(args.prompts)), config
+            )
             rates[dtype, size].append(shard.answer_tokens / (time.perf_counter() - started))
     first = statistics.median(rates[settings[0]])
     print(

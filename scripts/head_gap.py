@@ -19,10 +19,10 @@ import torch
 from quickdraft.bench import dataset
 from quickdraft.config import DTYPES, SamplingParams, SpecConfig
 from quickdraft.distill import evaluation
-from quickdraft.distill.head_dir import load_head
-from quickdraft.distill.prompts import load_prompts
+from quickdraft.distill.prompts import load_training_prompts
 from quickdraft.distill.train import TrainConfig, evaluate, make_example
-from quickdraft.drafters.head import head_directory
+from quickdraft.drafters.head.drafter import head_directory
+from quickdraft.drafters.head.files import load_head
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model
 
@@ -30,7 +30,7 @@ from quickdraft.models.loading import load_model
 def prompts_from(args: argparse.Namespace) -> list[str]:
     """Held-out ShareGPT prompts (never trained on), or the first turns of dev prompts in some categories."""
     if not args.dev:
-        return evaluation.heldout_prompts(load_prompts(None), args.count)
+        return evaluation.heldout_prompts(load_training_prompts(None), args.count)
     categories = args.categories.split(",") if args.categories else None
     return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.dev), categories)][: args.count]
 

@@ -10,7 +10,7 @@ from quickdraft.commands.generate_cmd import parse_k
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.controller import AdaptiveController, ControllerMemory, DraftOption, choose, expected_tokens
 from quickdraft.costs import DraftCost, TargetCost
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Finished, TextDelta
@@ -156,7 +156,7 @@ def test_draft_costs_follow_a_load_change_seen_only_by_the_target():
 # --- simulated requests: the controller against synthetic drafters and a synthetic clock ---
 
 
-class FakeModel:
+class FakeModel(Drafter):
     """A model drafter that always proposes token 7."""
 
     name = "model"
@@ -168,7 +168,7 @@ class FakeModel:
         return Draft(token_ids=(7,) * k)
 
 
-class FakeLookup:
+class FakeLookup(Drafter):
     """A lookup drafter whose proposal the test sets."""
 
     name = "lookup"

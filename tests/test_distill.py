@@ -10,14 +10,14 @@ from transformers import AutoModelForCausalLM
 from quickdraft.cli import build_parser, main
 from quickdraft.commands.distill_cmd import options_from
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.data import GenerationConfig, default_writer_dtype, generate_shards, int8_rounded, load_shards
-from quickdraft.distill.head_dir import build_head, load_head
-from quickdraft.distill.identity import target_identity
-from quickdraft.distill.model import HeadConfig
+from quickdraft.distill.data import AnswerConfig, default_writer_dtype, generate_shards, int8_rounded, load_shards
 from quickdraft.distill.pipeline import DistillOptions, distill
-from quickdraft.distill.prompts import drop_evaluation_prompts, load_prompts, specbench_turns
+from quickdraft.distill.prompts import drop_evaluation_prompts, load_training_prompts, specbench_turns
 from quickdraft.distill.train import HeadObjective, TrainConfig, Trainer, evaluate, split_examples
 from quickdraft.distill.vocab import choose_vocab, count_tokens
+from quickdraft.drafters.head.files import build_head, load_head
+from quickdraft.drafters.head.identity import target_identity
+from quickdraft.drafters.head.model import HeadConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model, load_model_dir
@@ -25,7 +25,7 @@ from quickdraft.models.loading import load_model, load_model_dir
 WORDS = (
     "the quick brown fox jumps over lazy dog speculative decoding drafts tokens once upon a time small model fast"
 ).split()
-TINY_GENERATION = GenerationConfig(
+TINY_GENERATION = AnswerConfig(
     max_new_tokens=24, batch_size=8, chunk_prompts=16, dtype="bfloat16"
 )  # a writer loaded apart from the target
 TINY_TRAINING = TrainConfig(
@@ -113,7 +113,7 @@ def test_complete_data_is_not_regenerated_and_loads_no_writer(distilled):
 
     identity = target_identity(load_model(options.target, runtime="hf"))
     total = generate_shards(
-        no_writer, load_prompts(options.prompts), out / "data", options.tokens, options.generation, identity
+        no_writer, load_training_prompts(options.prompts), out / "data", options.tokens, options.generation, identity
     )
     assert total >= options.tokens
     assert (out / "data" / "manifest.json").read_text() == manifest
@@ -221,7 +221,7 @@ def test_prompts_that_appear_in_specbench_are_dropped(tmp_path):
     assert turns, "the Spec-Bench dev file (../shared/data/specbench_dev.jsonl) must be readable"
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(json.dumps({"prompt": p}) for p in [turns[0], "A prompt of our own"]) + "\n")
-    assert load_prompts(path) == ["A prompt of our own"]
+    assert load_training_prompts(path) == ["A prompt of our own"]
 
 
 def test_vocabulary_covers_98_percent_of_heldout_answers_and_forces_eos():

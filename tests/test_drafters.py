@@ -1,8 +1,14 @@
 import pytest
+import torch
 
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.draft_model import check_vocab_compatible
 from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.drafters.registry import loads_model, make_drafter, register_drafter
+from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
+from tests.test_engine import baseline
 from tests.tiny_models import build_tokenizer
 
 
@@ -35,3 +41,57 @@ def test_different_tokenizer_is_refused():
     with pytest.raises(UsageError, match="different tokenizer|vocabulary"):
         other = build_tokenizer(320, corpus=["zebra quartz jam", "völlig ändern", "1234 5678"])
         check_vocab_compatible(build_tokenizer(320), other, "other")
+
+
+# --- drafter names: each kind parses its own options; the registry builds them ---
+
+
+@pytest.mark.parametrize(
+    "name, sizes",
+    [("ngram", (1, 4)), ("ngram:6", (1, 6)), ("ngram:2-3", (2, 3)), ("ngram:16-16", (16, 16))],
+)
+def test_ngram_sizes_come_from_its_name(tiny_models, name, sizes):
+    drafter = make_drafter(name, tiny_models["llama"], DrafterLoadOptions())
+    assert isinstance(drafter, NgramDrafter) and (drafter.min_n, drafter.max_n) == sizes
+
+
+@pytest.mark.parametrize("name", ["ngram:0", "ngram:3-2", "ngram:17", "ngram:two", "ngram:1-2-3", "none:1"])
+def test_bad_drafter_options_are_refused_with_the_forms_that_work(tiny_models, name):
+    with pytest.raises(UsageError, match="ngram:MIN-MAX|takes no options"):
+        make_drafter(name, tiny_models["llama"], DrafterLoadOptions())
+
+
+def test_a_request_with_other_ngram_sizes_drafts_with_those_sizes(tiny_models):
+    """Options live in the drafter's name, so a per-request spec gets a drafter of its own (a per-request
+    SpecConfig(ngram_max=...) used to be ignored in favour of the engine's cached drafter)."""
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="ngram", k=4))
+    prompt, params = "one two three four one two three four one two", SamplingParams(max_new_tokens=16)
+    default = engine.generate(prompt, params)
+    trigram = engine.generate(prompt, params, spec=engine.spec_with(drafter="ngram:3-3"))
+    assert (engine.drafter("ngram").max_n, engine.drafter("ngram:3-3").min_n) == (4, 3)
+    assert set(trigram.stats.drafter_steps) <= {"ngram:3-3", "none"}
+    assert trigram.token_ids == default.token_ids
+
+
+def test_a_plug_in_kind_is_built_by_name_and_inherits_the_capability_defaults(tiny_models):
+    class Repeat(Drafter):
+        """Proposes the last token again, k times."""
+
+        def __init__(self, times: str) -> None:
+            self.name = f"repeat:{times}"
+
+        def begin(self, prompt_ids, params, generator) -> None:
+            pass
+
+        def propose(self, context_ids, k):
+            return Draft(token_ids=(context_ids[-1],) * k)
+
+    register_drafter("repeat", lambda argument, target, options: Repeat(argument), loads_model=False)
+    drafter = make_drafter("repeat:2", tiny_models["llama"], DrafterLoadOptions())
+    assert drafter.name == "repeat:2" and not drafter.lookup_only and not drafter.needs_target_hidden
+    assert not loads_model("repeat:2") and loads_model("head") and loads_model("some/draft-model")
+    with pytest.raises(NotImplementedError, match="reads no target states"):
+        drafter.observe_target(torch.zeros(1, 4))
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="repeat:2", k=2))
+    params = SamplingParams(max_new_tokens=12)
+    assert engine.generate("a b a b", params).token_ids == baseline(tiny_models["llama"], "a b a b", params).token_ids

@@ -11,13 +11,13 @@ from scipy.stats import chisquare
 
 from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.head_dir import build_head, load_head, save_head
-from quickdraft.distill.identity import target_identity
-from quickdraft.distill.model import HeadConfig, KVCache
-from quickdraft.distill.quantize import Int8Linear, quantize_head
-from quickdraft.drafters import head as head_drafters
 from quickdraft.drafters.defaults import default_drafter
-from quickdraft.drafters.head import HeadDrafter
+from quickdraft.drafters.head import drafter as head_drafters
+from quickdraft.drafters.head.drafter import HeadDrafter
+from quickdraft.drafters.head.files import build_head, load_head, save_head
+from quickdraft.drafters.head.identity import target_identity
+from quickdraft.drafters.head.model import HeadCache, HeadConfig
+from quickdraft.drafters.head.quantize import Int8Linear, quantize_head
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.verify import rejection_sample
@@ -29,7 +29,7 @@ GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 def random_head(target, vocab_ids=None, seed=0, int8=False):
     """A random head in float32 or in its int8 inference form (what the `head` drafter loads on CPU)."""
     torch.manual_seed(seed)
-    config = HeadConfig.like_target(target.runner.model.config.get_text_config())
+    config = HeadConfig.like_target(target.config.get_text_config())
     vocab_ids = torch.arange(target.info.vocab_size) if vocab_ids is None else vocab_ids
     head = build_head(config, target, vocab_ids)
     for parameter in head.parameters():  # large weights: drafts far from uniform, so tests see accepts and rejects
@@ -53,7 +53,7 @@ def test_unrolled_training_matches_step_by_step_drafting(tiny_models):
         parallel = head.unrolled(states, tokens, steps)  # steps x [1, T, d]
         for t in range(steps - 1, length):
             for s in range(1, steps + 1):
-                cache = KVCache()
+                cache = HeadCache()
                 context_end = t - s + 1  # true pairs 0..context_end
                 predicted = head.step(states[0, : context_end + 1], tokens[0, : context_end + 1], cache)[-1]
                 for position in range(context_end + 1, t + 1):
@@ -70,8 +70,8 @@ def test_int8_form_replaces_every_matrix_and_drafts_like_the_float_head(tiny_mod
     states = torch.randn(40, float_head.config.hidden_size)  # [T, d]
     tokens = torch.randint(0, target.info.vocab_size, (40,))  # [T]
     with torch.no_grad():
-        expected = float_head.draft_logits(float_head.step(states, tokens, KVCache()))  # [T, vocab]
-        actual = int8_head.draft_logits(int8_head.step(states, tokens, KVCache()))
+        expected = float_head.draft_logits(float_head.step(states, tokens, HeadCache()))  # [T, vocab]
+        actual = int8_head.draft_logits(int8_head.step(states, tokens, HeadCache()))
     assert (actual - expected).norm() < 0.05 * expected.norm()  # bfloat16 activations and int8 rows: about 3.5% here
     assert (actual.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
 
@@ -241,7 +241,7 @@ def test_shipped_head_loads_against_its_target_and_refuses_another(builtin_model
     prompt = engine.encode("Name three primary colours.", chat=True)
     params = SamplingParams(max_new_tokens=32)
     result = engine.generate(prompt, params)
-    assert result.token_ids == engine.generate(prompt, params, spec=engine.with_spec(drafter="none")).token_ids
+    assert result.token_ids == engine.generate(prompt, params, spec=engine.spec_with(drafter="none")).token_ids
     assert result.stats.accepted_tokens > 0
     other = load_model_dir(builtin_model_dir("gemma-3-270m"), runtime="hf", name="gemma-3-270m")
     with pytest.raises(UsageError, match="trained for target smollm2-135m-instruct"):

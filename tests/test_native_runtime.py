@@ -20,7 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from quickdraft.errors import UsageError
+from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.native import kv_cache, native_runner_for
 from quickdraft.models.native.layers import AttentionWindow
@@ -281,7 +281,7 @@ def test_context_limit_and_bad_rollback_raise(tmp_path):
     runner.prefill(_tokens(250, seed=9))
     with pytest.raises(UsageError):
         runner.forward(_tokens(7, seed=10))
-    with pytest.raises(UsageError):
+    with pytest.raises(InternalError):
         runner.rollback(251)
     with pytest.raises(UsageError):
         native_runner_for(tmp_path, "float16", "cpu")

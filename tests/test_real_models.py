@@ -45,7 +45,7 @@ def test_ngram_speculation_is_identical_to_target_alone(real_engine):
     drafted = 0
     for prompt in REAL_PROMPTS:
         prompt_ids = real_engine.encode(prompt, chat=chat)
-        expected = real_engine.generate(prompt_ids, params, spec=real_engine.with_spec(drafter="none"))
+        expected = real_engine.generate(prompt_ids, params, spec=real_engine.spec_with(drafter="none"))
         result = real_engine.generate(prompt_ids, params)
         assert_identical_or_tied(real_engine, prompt_ids, expected.token_ids, result.token_ids)
         drafted += result.stats.draft_tokens

@@ -150,7 +150,7 @@ def test_cancelling_a_running_job_stops_it_at_the_next_step():
 
 def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_the_first(tiny_models):
     """The default on a model with a shipped head is ngram,head under auto; {"k": 2} alone then means ngram at k=2."""
-    from quickdraft.drafters.head import HeadDrafter
+    from quickdraft.drafters.head.drafter import HeadDrafter
     from tests.test_head import random_head
 
     target = tiny_models["llama"]
@@ -173,3 +173,27 @@ def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_
             assert (speculation["drafter"], speculation["k"]) == (drafter, k), options
         refused = http.post("/v1/completions", json=body | {"quickdraft": {"drafter": "head-test", "k": 2}})
         assert refused.status_code == 400 and "quickdraft.drafter must be one of" in refused.json()["error"]["message"]
+
+
+def test_a_request_may_name_drafters_that_load_nothing_but_never_a_file_or_model(tiny_models, tmp_path):
+    """ngram with sizes of the request's own is honoured; a head directory or a model path is refused."""
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="ngram", k="auto"))
+    app = create_app(ServerSettings(model_name="tiny"))
+    body = {"model": "tiny", "prompt": "one two three one two three one", "max_tokens": 8, "temperature": 0}
+    expected = engine.generate(body["prompt"], SamplingParams(max_new_tokens=8)).text
+    with TestClient(app) as http:
+        attach_engine(app, engine)
+        for drafter in ("ngram:2-3", "none", "ngram:1,ngram:3"):
+            response = http.post("/v1/completions", json=body | {"quickdraft": {"drafter": drafter}})
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] == expected
+            assert response.json()["speculation"]["drafter"] == drafter
+        for drafter, message in (
+            (f"head:{tmp_path}", "quickdraft.drafter must be one of"),
+            (str(tmp_path), "quickdraft.drafter must be one of"),
+            ("ngram,head", "quickdraft.drafter must be one of"),
+            ("ngram:99", "ngram sizes '99' are not valid; use ngram, ngram:MAX or ngram:MIN-MAX"),
+        ):
+            refused = http.post("/v1/completions", json=body | {"quickdraft": {"drafter": drafter}})
+            assert refused.status_code == 400 and message in refused.json()["error"]["message"], drafter
+    assert "ngram:2-3" in engine._drafters and f"head:{tmp_path}" not in engine._drafters

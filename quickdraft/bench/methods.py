@@ -97,7 +97,7 @@ class QuickdraftMethod:
         self.drafter = drafter
         self.k = k
         spec_drafter = engine_drafter(drafter)
-        self.spec = engine.with_spec(drafter=spec_drafter) if k is None else engine.with_spec(drafter=spec_drafter, k=k)
+        self.spec = engine.spec_with(drafter=spec_drafter) if k is None else engine.spec_with(drafter=spec_drafter, k=k)
         self.name = f"qd:{display_name(drafter)}" if k is None else f"qd:{display_name(drafter)} k={k}"
 
     def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:

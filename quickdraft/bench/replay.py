@@ -32,7 +32,7 @@ def replay(
     `memory`, whose target cost model also prices every step it observes). As in the engine, the
     first output token comes from the prefill and a step never drafts past the last output token.
     """
-    ngram = NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
+    ngram = NgramDrafter()
     controller = AdaptiveController({"ngram": ngram}, memory, spec.k_max) if k is None else None
     position, steps = 1, []
     while position < len(output):

@@ -28,6 +28,7 @@ import torch
 from quickdraft.bench.dataset import Prompt
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine
+from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
 from quickdraft.models.store import local_model_dir
@@ -97,7 +98,7 @@ def _forward_seconds(runner, context: int, tokens: Sequence[int]) -> float:
 
 
 @torch.inference_mode()
-def _matmul_seconds(runner) -> float:
+def _matmul_seconds(runner: ModelRunner) -> float:
     """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
     products = [(linear, torch.randn(1, linear.weight.shape[1]).to(runner.dtype)) for linear in runner.linear_layers()]
     begin = time.perf_counter()
@@ -115,7 +116,7 @@ def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], flo
         n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT : VERIFY_CONTEXT + n])
         for n in (1, *[k + 1 for k in VERIFY_KS])
     }
-    matmuls = _matmul_seconds(runner) if hasattr(runner, "linear_layers") else None
+    matmuls = _matmul_seconds(runner) if runner.linear_layers() else None
     return decode, forward, matmuls
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import DEFAULT_MODEL
-from quickdraft.distill.data import GenerationConfig, default_writer_dtype
+from quickdraft.distill.data import AnswerConfig, default_writer_dtype
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.train import TrainConfig
 from quickdraft.errors import UsageError
@@ -123,7 +123,7 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
         vocab=_vocab_size(args.vocab),
         resume=args.resume,
         kind=args.kind,
-        generation=GenerationConfig(
+        generation=AnswerConfig(
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             max_prompt_tokens=args.max_prompt_tokens,

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS))
     result = engine.generate(prompt_ids, params) if args.json else _stream_to_stdout(engine, prompt_ids, params)
-    baseline = engine.generate(prompt_ids, params, spec=engine.with_spec(drafter="none")) if args.compare else None
+    baseline = engine.generate(prompt_ids, params, spec=engine.spec_with(drafter="none")) if args.compare else None
     if args.json:
         print(json.dumps(_json_report(engine.spec, result, baseline)))
     else:

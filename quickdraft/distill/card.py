@@ -2,11 +2,11 @@
 
 from dataclasses import asdict, dataclass
 
-from quickdraft.distill.data import GenerationConfig, Shard
+from quickdraft.distill.data import AnswerConfig, Shard
 from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
 
-WRITER_NUMBERS = {  # GenerationConfig.dtype, in words
+WRITER_NUMBERS = {  # AnswerConfig.dtype, in words
     "float32": "float32",
     "bfloat16": "bfloat16",
     "int8": "bfloat16 with weights rounded to per-row int8, as the default runtime",
@@ -19,7 +19,7 @@ class Facts:
     identity: dict
     data: dict  # see data_facts
     vocab: VocabChoice
-    generation: GenerationConfig
+    generation: AnswerConfig
     training: TrainConfig
     train_seconds: float  # training time summed over resumed runs
     total_seconds: float  # wall time of the final invocation

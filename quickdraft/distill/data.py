@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.loading import LoadedModel, load_model, transformers_model
 from quickdraft.models.native.weights import quantize_rows
 from quickdraft.text import encode_prompt
 
@@ -45,7 +45,7 @@ def default_writer_dtype() -> str:
 
 
 @dataclass(frozen=True)
-class GenerationConfig:
+class AnswerConfig:
     """How the target writes its answers."""
 
     max_new_tokens: int = 128  # answer length cap
@@ -101,7 +101,7 @@ def generate_shards(
     prompts: list[str],
     data_dir: Path,
     target_tokens: int,
-    config: GenerationConfig,
+    config: AnswerConfig,
     identity: dict,
     progress: Callable[[int, int], None] = lambda done, goal: None,
 ) -> int:
@@ -121,7 +121,7 @@ def generate_shards(
             break
         chunk = list(range(first, min(first + config.chunk_prompts, len(prompts))))
         writer = writer or load_writer()
-        shard = answer_chunk(writer.runner.model, writer.tokenizer, prompts, chunk, config)
+        shard = answer_chunk(transformers_model(writer), writer.tokenizer, prompts, chunk, config)
         entry = _write_shard(data_dir, next_chunk, shard)
         manifest["shards"].append(entry)
         _write_json(data_dir / MANIFEST, manifest)
@@ -131,7 +131,7 @@ def generate_shards(
     return total
 
 
-def _open_manifest(data_dir: Path, prompts: list[str], config: GenerationConfig, identity: dict) -> dict:
+def _open_manifest(data_dir: Path, prompts: list[str], config: AnswerConfig, identity: dict) -> dict:
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / MANIFEST
     expected = {"target": identity, "prompts": prompt_list_digest(prompts), "generation": asdict(config)}
@@ -160,7 +160,7 @@ def answer_chunk(
     tokenizer: PreTrainedTokenizerBase,
     prompts: list[str],
     chunk: list[int],
-    config: GenerationConfig,
+    config: AnswerConfig,
 ) -> Shard:
     """The target's answers to prompts[i] for i in chunk, batched by similar prompt length."""
     encoded = {
@@ -225,7 +225,7 @@ def load_writer(target_name: str, dtype: str) -> LoadedModel:
     """The transformers model that writes the answers in generation dtype `dtype`."""
     writer = load_model(target_name, runtime="hf", dtype="float32" if dtype == "float32" else "bfloat16")
     if dtype == "int8":
-        int8_rounded(writer.runner.model)
+        int8_rounded(transformers_model(writer))
     return writer
 
 

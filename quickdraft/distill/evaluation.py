@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.head_dir import build_head
-from quickdraft.distill.model import DraftHead, HeadConfig, KVCache
 from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evaluate
+from quickdraft.drafters.head.files import build_head
+from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
 from quickdraft.models.loading import LoadedModel
 
@@ -34,7 +34,7 @@ def untrained_metrics(
 ) -> dict:
     """Held-out metrics of a freshly initialised head: the baseline training must beat."""
     torch.manual_seed(config.seed)
-    head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab_ids)
+    head = build_head(HeadConfig.like_target(target.config.get_text_config()), target, vocab_ids)
     return evaluate(head, heldout, config)
 
 
@@ -50,7 +50,7 @@ def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_
     for prompt in prompts:
         ids = engine.encode(prompt, chat=bool(target.tokenizer.chat_template))
         result = engine.generate(ids, params)
-        baseline = engine.generate(ids, params, spec=engine.with_spec(drafter="none"))
+        baseline = engine.generate(ids, params, spec=engine.spec_with(drafter="none"))
         stats = result.stats
         drafted, accepted, steps = drafted + stats.draft_tokens, accepted + stats.accepted_tokens, steps + stats.steps
         by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
@@ -76,7 +76,7 @@ def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
     _, hidden = runner.prefill(context, return_hidden=True)  # [COST_CONTEXT, d]
-    cache = KVCache()
+    cache = HeadCache()
     head.step(hidden[:-1], torch.tensor(context[1:]), cache)
     state, token = hidden[-1:], torch.tensor([context[0]])
     head_times, target_times = [], []

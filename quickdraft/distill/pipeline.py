@@ -20,11 +20,8 @@ from typing import Literal
 import torch
 
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import GenerationConfig, generate_shards, load_shards, load_writer
-from quickdraft.distill.head_dir import build_head, load_head, read_config, save_head
-from quickdraft.distill.identity import target_identity
-from quickdraft.distill.model import HeadConfig
-from quickdraft.distill.prompts import load_prompts
+from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, load_writer
+from quickdraft.distill.prompts import load_training_prompts
 from quickdraft.distill.train import (
     HELDOUT_EVERY,
     HeadObjective,
@@ -35,6 +32,9 @@ from quickdraft.distill.train import (
     split_examples,
 )
 from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
+from quickdraft.drafters.head.files import build_head, load_head, read_config, save_head
+from quickdraft.drafters.head.identity import target_identity
+from quickdraft.drafters.head.model import HeadConfig
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
 
@@ -50,7 +50,7 @@ class DistillOptions:
     vocab: int | None = None  # reduced vocabulary size; None: smallest covering 98% of held-out answer tokens
     resume: bool = False
     kind: Kind = "head"
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    generation: AnswerConfig = field(default_factory=AnswerConfig)
     training: TrainConfig = field(default_factory=TrainConfig)
     init_head: Path | None = None  # start from this head's weights and vocabulary instead of a fresh head
     eval_prompts: int = (
@@ -64,7 +64,7 @@ def distill(options: DistillOptions) -> Path:
     _check_out(options)
     started = time.perf_counter()
     target = load_model(options.target, runtime="hf")
-    prompts = load_prompts(options.prompts)
+    prompts = load_training_prompts(options.prompts)
     identity = target_identity(target)
     _say(
         f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens"
@@ -99,7 +99,7 @@ def _train_head(
     options: DistillOptions,
     started: float,
 ) -> Path:
-    head = build_head(HeadConfig.like_target(target.runner.model.config.get_text_config()), target, vocab.ids)
+    head = build_head(HeadConfig.like_target(target.config.get_text_config()), target, vocab.ids)
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(
         HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt"

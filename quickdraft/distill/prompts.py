@@ -28,7 +28,7 @@ MIN_OVERLAP_CHARS = 40  # a Spec-Bench turn at least this long inside a prompt (
 PROMPT_FILE_KEYS = ("prompt", "text", "instruction", "question")
 
 
-def load_prompts(path: Path | None, seed: int = 0) -> list[str]:
+def load_training_prompts(path: Path | None, seed: int = 0) -> list[str]:
     """Prompts from `path` (or ShareGPT when None), de-duplicated, Spec-Bench removed, shuffled by `seed`."""
     prompts = read_prompt_file(path) if path else sharegpt_prompts()
     kept = drop_evaluation_prompts(_unique(prompts), specbench_turns())

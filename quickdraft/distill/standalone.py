@@ -14,16 +14,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from quickdraft.distill.data import Shard
-from quickdraft.distill.identity import embedding_matrices
 from quickdraft.distill.train import Example, Trainer, make_batch, split_examples
-from quickdraft.models.loading import LoadedModel
+from quickdraft.models.loading import LoadedModel, transformers_model
 
 LAYERS = 2
 
 
 def standalone_model(target: LoadedModel) -> LlamaForCausalLM:
     """A `LAYERS`-layer Llama shaped like the target's layers, embedding and final norm copied."""
-    source = target.runner.model.config.get_text_config()
+    source = target.config.get_text_config()
     config = LlamaConfig(
         vocab_size=target.info.vocab_size,
         hidden_size=source.hidden_size,
@@ -40,10 +39,10 @@ def standalone_model(target: LoadedModel) -> LlamaForCausalLM:
         pad_token_id=getattr(source, "pad_token_id", None),
     )
     model = LlamaForCausalLM(config)
-    embeddings, _ = embedding_matrices(target)
+    embeddings, _ = target.runner.embedding_matrices()
     with torch.no_grad():
         model.get_input_embeddings().weight.copy_(embeddings.float())
-        model.model.norm.weight.copy_(target.runner.model.get_decoder().norm.weight.float())
+        model.model.norm.weight.copy_(transformers_model(target).get_decoder().norm.weight.float())
     return model
 
 
@@ -83,7 +82,7 @@ class StandaloneObjective:
 def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
     """Train and save the standalone draft under `options.out / "standalone"`; returns that directory."""
     model = standalone_model(target)
-    _, output = embedding_matrices(target)
+    _, output = target.runner.embedding_matrices()
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(
         StandaloneObjective(model, output), train, heldout, options.training, options.out / "train" / "standalone.pt"

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from quickdraft.distill.data import Shard
-from quickdraft.distill.model import DraftHead
+from quickdraft.drafters.head.model import DraftHead
 
 HELDOUT_EVERY = 20  # prompt index % HELDOUT_EVERY == 0 goes to the held-out split (5%)
 

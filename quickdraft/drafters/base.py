@@ -1,4 +1,4 @@
-"""The `Drafter` protocol and the registry that builds drafters by name.
+"""The `Drafter` protocol: everything the engine and the controller ask of a drafter.
 
 A drafter proposes up to k tokens that continue the committed context. It sees only token ids;
 how it guesses (a lookup, a smaller model, a head on the target's states) is its own business.
@@ -6,27 +6,25 @@ Lifecycle per request: `begin` once, then `propose` once per step. The context p
 `propose` is the whole committed sequence (prompt + generated tokens); a drafter with a cache
 rolls it back to whatever prefix of its own history is still valid.
 
-A drafter may set the class attribute `lookup_only = True` when proposing costs a lookup, not a
-model forward (n-gram): the adaptive controller then asks it for k_max tokens before deciding,
-and cuts the proposal to the k it chooses.
+Two capabilities have defaults that a drafter subclassing `Drafter` inherits and may override:
 
-A drafter that reads the target's hidden states (the `head` drafter) sets the class attribute
-`needs_target_hidden = True` and has `observe_target(hidden)`: the engine then asks the target
-for its states and passes, after the prefill, the states of every prompt position, and after
-each verification, the states of the positions that were committed (the pending token and the
-accepted draft tokens): `hidden` [n, hidden] holds the next n committed positions, in order.
-Other drafters cost nothing: the engine only requests states when the attribute is set.
+- `lookup_only` (default False): proposing costs a lookup, not a model forward (n-gram). The
+  adaptive controller then asks it for k_max tokens before deciding, and cuts the proposal to
+  the k it chooses; it never times such a drafter.
+- `needs_target_hidden` (default False) with `observe_target(hidden)`: the drafter reads the
+  target's hidden states (the `head` drafter). The engine then asks the target for its states
+  and passes, after the prefill, the states of every prompt position, and after each
+  verification, the states of the positions that were committed (the pending token and the
+  accepted draft tokens): `hidden` [n, hidden] holds the next n committed positions, in order.
+  Other drafters cost nothing: the engine only requests states when the flag is set.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.errors import UsageError
-from quickdraft.models.loading import LoadedModel
+from quickdraft.config import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -34,10 +32,10 @@ class Draft:
     """Proposed continuation of the context."""
 
     token_ids: tuple[int, ...]  # [k'] with k' <= k
-    probs: torch.Tensor | None = (
-        None  # [k', target_vocab] distributions the tokens were drawn from; None = point masses
-    )
-    source: str = ""  # what the proposal rests on (e.g. "3-gram"); the adaptive controller learns acceptance per source
+    # [k', target_vocab] distributions the tokens were drawn from; None = point masses
+    probs: torch.Tensor | None = None
+    # what the proposal rests on (e.g. "3-gram"); the adaptive controller learns acceptance per source
+    source: str = ""
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -48,23 +46,23 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes tokens for the target to verify."""
+    """Proposes tokens for the target to verify. Subclass it to inherit the capability defaults."""
 
     name: str
+    lookup_only: bool = False  # proposing costs a lookup, not a model forward
+    needs_target_hidden: bool = False  # the engine passes the target's states to `observe_target`
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         """Start a new request; `generator` is the request's RNG for any sampling the drafter does."""
+        ...
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         """Up to k tokens continuing `context_ids` (prompt + generated so far)."""
+        ...
 
-
-def is_lookup(drafter: Drafter) -> bool:
-    """True when the drafter's proposals cost only a lookup (its `lookup_only` attribute, False when absent)."""
-    return bool(getattr(drafter, "lookup_only", False))
-
-
-DrafterFactory = Callable[[str, LoadedModel, SpecConfig, "DrafterLoadOptions"], Drafter]
+    def observe_target(self, hidden: torch.Tensor) -> None:
+        """The target's states [n, hidden] at the next n committed positions (only if `needs_target_hidden`)."""
+        raise NotImplementedError(f"{type(self).__name__} reads no target states; it must not set needs_target_hidden")
 
 
 @dataclass(frozen=True)
@@ -74,35 +72,3 @@ class DrafterLoadOptions:
     runtime: str = "auto"
     dtype: str = "auto"
     device: str = "cpu"
-
-
-_FACTORIES: dict[str, DrafterFactory] = {}
-
-
-def register_drafter(kind: str) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Register a factory for drafter specs `kind` or `kind:ARGUMENT`."""
-
-    def decorator(factory: DrafterFactory) -> DrafterFactory:
-        _FACTORIES[kind] = factory
-        return factory
-
-    return decorator
-
-
-def drafter_kinds() -> list[str]:
-    return sorted(_FACTORIES)
-
-
-def make_drafter(spec_name: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> Drafter:
-    """Build a drafter from a spec: a registered kind ("ngram", "none"), "kind:ARG", or a draft model."""
-    _import_builtin_drafters()
-    if not spec_name:
-        raise UsageError("drafter name is empty; use none, ngram or a draft model name")
-    kind, _, argument = spec_name.partition(":")
-    if kind in _FACTORIES and (argument or kind == spec_name):
-        return _FACTORIES[kind](argument, target, spec, options)
-    return _FACTORIES["model"](spec_name, target, spec, options)
-
-
-def _import_builtin_drafters() -> None:
-    from quickdraft.drafters import draft_model, head, ngram, no_draft  # noqa: F401  (registers them)

@@ -7,7 +7,7 @@ and where it does not (the head); BENCHMARKS.md measures the pair against each a
 drives a single drafter: n-gram, which suits a fixed k better than the head does.
 """
 
-from quickdraft.drafters.head import shipped_head_for
+from quickdraft.drafters.head.drafter import shipped_head_for
 from quickdraft.models.loading import LoadedModel
 
 

@@ -11,8 +11,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from quickdraft import sampling
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
@@ -20,7 +20,7 @@ from quickdraft.models.loading import LoadedModel, load_model
 MAX_TOKENIZER_SIZE_DIFFERENCE = 128  # tokenizers may differ by a few added/padding tokens at the end
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     def __init__(self, runner: ModelRunner, target_vocab_size: int, name: str) -> None:
         self.runner = runner
         self.target_vocab_size = target_vocab_size
@@ -28,6 +28,13 @@ class DraftModelDrafter:
         self._cached_ids: list[int] = []
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
+
+    @classmethod
+    def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "DraftModelDrafter":
+        """A draft model by name or path, loaded with `options`; refused if its tokenizer differs from the target's."""
+        draft = load_model(argument, runtime=options.runtime, dtype=options.dtype, device=options.device)
+        check_vocab_compatible(target.tokenizer, draft.tokenizer, argument)
+        return cls(draft.runner, target.info.vocab_size, name=argument)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         self._params = params
@@ -100,10 +107,3 @@ def check_vocab_compatible(target: PreTrainedTokenizerBase, draft: PreTrainedTok
             f"draft model {draft_name} has a different tokenizer ({len(differing)} ids differ, e.g. id {i}: "
             f"{draft_vocab[i]!r} vs {target_vocab[i]!r}); use a draft with the target's tokenizer, or --drafter ngram"
         )
-
-
-@register_drafter("model")
-def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> DraftModelDrafter:
-    draft = load_model(argument, runtime=options.runtime, dtype=options.dtype, device=options.device)
-    check_vocab_compatible(target.tokenizer, draft.tokenizer, argument)
-    return DraftModelDrafter(draft.runner, target.info.vocab_size, name=argument)

@@ -4,22 +4,37 @@ For n from `max_n` down to `min_n`, take the last n tokens of the context; if th
 earlier, propose the (up to k) tokens that followed their most recent earlier occurrence that
 still has k tokens after it (in a repeating tail the very latest occurrence is followed by a
 single token), or else the most recent one. No model, no distribution: proposals are point masses.
+
+Its sizes are part of its name: `ngram` looks up suffixes of 1..4 tokens, `ngram:MAX` of 1..MAX,
+`ngram:MIN-MAX` of MIN..MAX (so a request asking for other sizes gets a drafter of its own).
 """
+
+import re
 
 import torch
 
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
+from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
 
+DEFAULT_MIN_N, DEFAULT_MAX_N = 1, 4
+MAX_N_LIMIT = 16  # longest suffix anyone may ask to look up
 
-class NgramDrafter:
-    name = "ngram"
+
+class NgramDrafter(Drafter):
     lookup_only = True  # a proposal costs a search of the context, no model forward
 
-    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+    def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N, name: str = "ngram") -> None:
         self.min_n = min_n
         self.max_n = max_n
+        self.name = name
+
+    @classmethod
+    def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "NgramDrafter":
+        """`ngram` (sizes 1..4), `ngram:MAX` or `ngram:MIN-MAX`."""
+        min_n, max_n = parse_sizes(argument)
+        return cls(min_n, max_n, name=f"ngram:{argument}" if argument else "ngram")
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         pass
@@ -45,6 +60,15 @@ def _latest_match(context: torch.Tensor, n: int, k: int) -> int | None:
     return int(with_full_draft[-1]) if with_full_draft.numel() else int(hits[-1])
 
 
-@register_drafter("ngram")
-def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> NgramDrafter:
-    return NgramDrafter(min_n=spec.ngram_min, max_n=spec.ngram_max)
+def parse_sizes(argument: str) -> tuple[int, int]:
+    """(min_n, max_n) from "" (the defaults), "MAX" or "MIN-MAX"; UsageError for anything else."""
+    if not argument:
+        return DEFAULT_MIN_N, DEFAULT_MAX_N
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)", argument)
+    min_n, max_n = (int(match[1] or DEFAULT_MIN_N), int(match[2])) if match else (0, 0)
+    if not 1 <= min_n <= max_n <= MAX_N_LIMIT:
+        raise UsageError(
+            f"ngram sizes {argument!r} are not valid; use ngram, ngram:MAX or ngram:MIN-MAX "
+            f"with 1 <= MIN <= MAX <= {MAX_N_LIMIT}"
+        )
+    return min_n, max_n

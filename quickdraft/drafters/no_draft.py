@@ -2,22 +2,24 @@
 
 import torch
 
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
+from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
 
 
-class NoDrafter:
+class NoDrafter(Drafter):
     name = "none"
     lookup_only = True
+
+    @classmethod
+    def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "NoDrafter":
+        if argument:
+            raise UsageError(f"the none drafter takes no options, got none:{argument}; use none")
+        return cls()
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         pass
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         return Draft(token_ids=())
-
-
-@register_drafter("none")
-def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> NoDrafter:
-    return NoDrafter()

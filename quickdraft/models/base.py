@@ -1,4 +1,5 @@
-"""The `ModelRunner` interface every model backend implements.
+"""The `ModelRunner` interface every model backend implements: everything the engine, the drafters
+and the tools ask of a model.
 
 A runner owns one model and one KV cache for a single sequence (batch 1). The cache holds the
 first `cache_length` tokens of the sequence; `forward` appends tokens at the next positions and
@@ -12,8 +13,6 @@ hidden state at input position i *after the final norm*: exactly the vector the 
 multiplies to produce that position's logits (for Llama and Gemma, the output of `model.norm`).
 Prefill returns it for every prompt position, though it computes logits only for the last.
 It comes from the same forward pass, never an extra one; without the keyword nothing changes.
-Such runners also expose `embedding_matrices() -> (token embeddings [vocab, hidden_size],
-output layer [vocab, hidden_size])`, the weights as stored (Gemma's embedding scale not applied).
 """
 
 from collections.abc import Sequence
@@ -34,22 +33,53 @@ class ModelInfo:
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)  # any of these ends generation
 
 
+class MatrixProduct(Protocol):
+    """One weight matrix of a forward and the product with it."""
+
+    weight: torch.Tensor  # [out, in] as stored (int8 or the compute dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] in the runner's dtype -> [rows, out]."""
+        ...
+
+
 @runtime_checkable
 class ModelRunner(Protocol):
     """One causal LM with its own KV cache, batch 1."""
 
     info: ModelInfo
     device: torch.device
+    dtype: torch.dtype  # of the activations and the KV cache
 
     @property
     def cache_length(self) -> int:
         """Number of tokens whose keys and values are in the cache."""
+        ...
 
-    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Reset the cache, run the prompt, return the logits of its last position: [vocab] float32."""
+    def prefill(
+        self, token_ids: Sequence[int], *, return_hidden: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Reset the cache, run the prompt; the logits of its last position [vocab] float32 (and the states of
+        every prompt position [len(token_ids), hidden_size] with `return_hidden`)."""
+        ...
 
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append tokens at positions cache_length.. and return their logits: [len(token_ids), vocab] float32."""
+    def forward(
+        self, token_ids: Sequence[int], *, return_hidden: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append tokens at positions cache_length..; their logits [len(token_ids), vocab] float32 (and their
+        states [len(token_ids), hidden_size] with `return_hidden`)."""
+        ...
 
     def rollback(self, length: int) -> None:
-        """Keep only the first `length` cached tokens (length <= cache_length)."""
+        """Keep only the first `length` cached tokens (length <= cache_length, else `InternalError`)."""
+        ...
+
+    def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token embeddings [vocab, hidden_size], output layer [vocab, hidden_size]) as stored (Gemma's
+        embedding scale not applied): a head reuses them, and its identity check probes the output layer."""
+        ...
+
+    def linear_layers(self) -> Sequence[MatrixProduct]:
+        """Every matrix product of a forward, in order, each taking [rows, in] (bench-runtime times them alone:
+        a decode ceiling); empty when the runner cannot isolate them (transformers)."""
+        ...

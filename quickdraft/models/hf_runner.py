@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from quickdraft.errors import InternalError
 from quickdraft.models.base import ModelInfo
 
 
@@ -22,6 +23,7 @@ class HFRunner:
         self.model = model.eval()
         self.info = info
         self.device = model.device
+        self.dtype = model.dtype
         self._cache = DynamicCache()
 
     @property
@@ -43,10 +45,14 @@ class HFRunner:
         """(token embeddings [vocab, hidden], output layer [vocab, hidden]) as stored (no embedding scale)."""
         return self.model.get_input_embeddings().weight.detach(), self.model.get_output_embeddings().weight.detach()
 
+    def linear_layers(self) -> list:
+        """Empty: transformers' modules do not expose their matrix products as one list."""
+        return []
+
     def rollback(self, length: int) -> None:
         surplus = self.cache_length - length
         if surplus < 0:
-            raise ValueError(f"cannot roll back to {length}: only {self.cache_length} tokens are cached")
+            raise InternalError(f"cannot roll back to {length}: only {self.cache_length} tokens are cached")
         if surplus:
             self._cache.crop(-surplus)
 

@@ -5,24 +5,32 @@ local directory of safetensors (see `store.local_model_dir`), then builds the ru
 runner when the architecture has one (unless `runtime="hf"`), else the transformers fallback.
 """
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from quickdraft.config import DType, Runtime
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.base import ModelInfo, ModelRunner
+from quickdraft.models.checkpoint import model_info, read_config
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A runner with the tokenizer that goes with it."""
+    """A runner with the tokenizer and the checkpoint's transformers config that go with it."""
 
     runner: ModelRunner
     tokenizer: PreTrainedTokenizerBase
+    config: PretrainedConfig  # the checkpoint's config.json (text sizes: `config.get_text_config()`)
 
     @property
     def info(self) -> ModelInfo:
@@ -44,7 +52,19 @@ def load_model_dir(
     name = name or str(model_dir)
     tokenizer = _load_tokenizer(model_dir)
     runner = _build_runner(model_dir, runtime, dtype, device, name, tokenizer)
-    return LoadedModel(runner=runner, tokenizer=tokenizer)
+    return LoadedModel(runner=runner, tokenizer=tokenizer, config=AutoConfig.from_pretrained(model_dir))
+
+
+def transformers_model(model: LoadedModel) -> PreTrainedModel:
+    """The transformers model behind a model loaded with runtime="hf" (distillation runs it directly)."""
+    from quickdraft.models.hf_runner import HFRunner
+
+    if not isinstance(model.runner, HFRunner):
+        raise UsageError(
+            f"{model.info.name} runs on the {type(model.runner).__name__}, but this needs its transformers model; "
+            "load it with runtime='hf'"
+        )
+    return model.runner.model
 
 
 def _load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
@@ -88,36 +108,3 @@ def _hf_runner(
         raise ModelError(f"cannot load model weights from {model_dir}: {exc}") from exc
     model.to(device)
     return HFRunner(model, model_info(model_dir, name, vocab_size=model.config.get_text_config().vocab_size))
-
-
-def read_config(model_dir: Path) -> dict:
-    """The model's config.json as a dict."""
-    try:
-        return json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"cannot read {model_dir}/config.json: {exc}") from exc
-
-
-def model_info(model_dir: Path, name: str, vocab_size: int) -> ModelInfo:
-    """ModelInfo from config.json and generation_config.json (eos ids from both)."""
-    config = read_config(model_dir)
-    text_config = config.get("text_config", config)
-    return ModelInfo(
-        name=name,
-        architecture=config.get("architectures", ["unknown"])[0],
-        vocab_size=vocab_size,
-        max_context=int(text_config.get("max_position_embeddings", 2048)),
-        eos_token_ids=frozenset(_eos_ids(config) | _eos_ids(_generation_config(model_dir))),
-    )
-
-
-def _generation_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "generation_config.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _eos_ids(config: dict) -> set[int]:
-    eos = config.get("eos_token_id")
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, list) else {int(eos)}

@@ -7,7 +7,9 @@ answered 400 at once and a stream never starts for a request the engine would re
 import asyncio
 
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.registry import loads_model
 from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
 from quickdraft.server.errors import APIError, invalid
 from quickdraft.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from quickdraft.server.settings import ServerSettings
@@ -87,17 +89,29 @@ def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
     options = request.quickdraft
     if options is None:
         return engine.spec
-    allowed_drafters = {"none", "ngram", engine.spec.drafter}  # never a path: request content never names a file
-    if options.drafter is not None and options.drafter not in allowed_drafters:
-        allowed = ", ".join(sorted(allowed_drafters))
+    if options.drafter is not None and not _may_request(options.drafter, engine):
         raise invalid(
-            f"quickdraft.drafter must be one of {allowed}, got {options.drafter!r}", param="quickdraft.drafter"
+            f"quickdraft.drafter must be one of none, ngram, ngram:MIN-MAX or this server's {engine.spec.drafter}, "
+            f"got {options.drafter!r}",
+            param="quickdraft.drafter",
         )
     drafter = options.drafter
     if drafter is None and isinstance(options.k, int) and len(engine.spec.drafters) > 1:
         drafter = engine.spec.drafters[0]  # a fixed k drives one drafter: the first of the server's (ngram by default)
     changes = {"drafter": drafter, "k": options.k}
-    return engine.with_spec(**{name: value for name, value in changes.items() if value is not None})
+    spec = engine.spec_with(**{name: value for name, value in changes.items() if value is not None})
+    for name in spec.drafters:
+        try:
+            engine.drafter(name)  # a kind that loads nothing is built at once, so bad options are a 400 here
+        except UsageError as exc:
+            raise invalid(str(exc), param="quickdraft.drafter") from exc
+    return spec
+
+
+def _may_request(drafter: str, engine: Engine) -> bool:
+    """The server's own drafters, or kinds that load nothing: request content never names a file or a model."""
+    names = [name.strip() for name in drafter.split(",")]
+    return drafter == engine.spec.drafter or all(name and not loads_model(name) for name in names)
 
 
 def _template_role(role: str) -> str:

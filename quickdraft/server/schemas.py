@@ -45,7 +45,7 @@ class StreamOptions(_Strict):
 class QuickdraftOptions(_Strict):
     """Per-request speculation overrides, under the `quickdraft` key."""
 
-    drafter: str | None = None  # "none", "ngram" or the server's --drafter
+    drafter: str | None = None  # "none", "ngram", "ngram:MIN-MAX" or the server's --drafter
     k: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] | None = (
         None  # "auto" or a fixed N per step; 0 disables drafting
     )

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig
 
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import model_info
+from quickdraft.models.checkpoint import model_info
 from quickdraft.models.native.gemma3 import GEMMA3_FAMILY, gemma3_spec
 from quickdraft.models.native.llama import LLAMA_FAMILY, llama_spec
 from quickdraft.models.native.runner import NativeRunner

@@ -9,7 +9,7 @@ growths no tensor is allocated and a forward writes its new keys in place.
 
 import torch
 
-from quickdraft.errors import UsageError
+from quickdraft.errors import InternalError, UsageError
 
 INITIAL_CAPACITY = 1024  # positions allocated up front; grows by doubling, at most max_context
 
@@ -60,7 +60,7 @@ class KVCache:
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
-            raise UsageError(f"cannot roll back to {length}: the cache holds {self.length} tokens")
+            raise InternalError(f"cannot roll back to {length}: the cache holds {self.length} tokens")
         self.length = length
 
     def _allocate(self, capacity: int) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from quickdraft.errors import UsageError
+from quickdraft.errors import InternalError
 from quickdraft.models.base import ModelInfo
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm, windowed_attention
@@ -44,7 +44,7 @@ class NativeRunner:
     def prefill(self, token_ids: Sequence[int], return_hidden: bool = False):
         """Reset the cache, run the prompt in chunks; logits [vocab] of its last position (and hidden [n, d])."""
         if not token_ids:
-            raise UsageError("prefill needs at least one token")
+            raise InternalError("prefill needs at least one token")
         self._cache.rollback(0)
         hidden_chunks = []
         for begin in range(0, len(token_ids), PREFILL_CHUNK):
@@ -57,7 +57,7 @@ class NativeRunner:
     def forward(self, token_ids: Sequence[int], return_hidden: bool = False):
         """Append tokens at positions cache_length..; logits [n, vocab] float32 (and hidden [n, d])."""
         if not token_ids:
-            raise UsageError("forward needs at least one token")
+            raise InternalError("forward needs at least one token")
         logits, hidden = self._run(token_ids, last_only=False, return_hidden=return_hidden)
         return (logits, hidden.float()) if return_hidden else logits
 

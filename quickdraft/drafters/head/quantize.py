@@ -15,7 +15,7 @@ which `tests/test_head.py` compares between the two forms.
 import torch
 from torch import nn
 
-from quickdraft.distill.model import DraftHead
+from quickdraft.drafters.head.model import DraftHead
 from quickdraft.models.native.weights import Linear
 
 COMPUTE_DTYPE = torch.bfloat16  # activations into the int8 kernel

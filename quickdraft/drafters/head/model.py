@@ -84,7 +84,7 @@ class FrozenLinear(nn.Module):
         return x @ self.weight.T
 
 
-class KVCache:
+class HeadCache:
     """Keys and values of one sequence, grown on demand; `length` is the valid prefix (O(1) rollback)."""
 
     def __init__(self) -> None:
@@ -178,7 +178,7 @@ class DraftHead(nn.Module):
         """Predicted states [..., d] -> logits over the reduced vocabulary [..., draft_vocab]."""
         return self.output(predicted)
 
-    def step(self, states: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def step(self, states: torch.Tensor, next_tokens: torch.Tensor, cache: HeadCache) -> torch.Tensor:
         """Inference: pairs at positions cache.length.. (states [n, d], next_tokens [n]) -> predictions [n, d]."""
         start = cache.length
         positions = torch.arange(start, start + states.shape[0], device=states.device)  # [n]

@@ -7,7 +7,7 @@ from true states; `propose` first feeds the pairs it has not seen, whose last ou
 the state after the pending token, then drafts k tokens on its own predicted states. Draft
 entries in the head's cache are rolled back before the next step re-feeds true states.
 
-The head drafts in its int8 inference form (`distill/quantize.py`) on CPU.
+The head drafts in its int8 inference form (`quantize.py`) on CPU.
 
 Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
 the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row
@@ -19,19 +19,19 @@ from pathlib import Path
 import torch
 
 from quickdraft import sampling
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.distill.head_dir import load_head, read_config
-from quickdraft.distill.identity import check_target
-from quickdraft.distill.model import DraftHead, KVCache
-from quickdraft.distill.quantize import quantize_head
-from quickdraft.drafters.base import Draft, DrafterLoadOptions, register_drafter
-from quickdraft.errors import UsageError
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
+from quickdraft.drafters.head.files import load_head, read_config
+from quickdraft.drafters.head.identity import check_target
+from quickdraft.drafters.head.model import DraftHead, HeadCache
+from quickdraft.drafters.head.quantize import quantize_head
+from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.loading import LoadedModel
 
-SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"  # quickdraft/heads/<target name>/
+SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "heads"  # quickdraft/heads/<target name>/
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     needs_target_hidden = True  # the engine passes the target's states to observe_target
 
     def __init__(self, head: DraftHead, target_vocab_size: int, name: str) -> None:
@@ -43,15 +43,22 @@ class HeadDrafter:
         self._generator: torch.Generator | None = None
         self._states: list[torch.Tensor] = []  # chunks of [n, d]: the target's state at each committed position
         self._known = 0  # committed positions whose state has been observed
-        self._cache = KVCache()  # the head's keys and values; the first _true_pairs come from true states
+        self._cache = HeadCache()  # the head's keys and values; the first _true_pairs come from true states
         self._true_pairs = 0
         self._after_pending = torch.zeros(0)  # [d] the head's prediction from the last true pair
+
+    @classmethod
+    def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "HeadDrafter":
+        """`head` (the head shipped for the target), `head:NAME` (a shipped head) or `head:DIR`."""
+        directory = head_directory(argument, target.info.name)
+        head = quantize_head(load_head(directory, target).to(target.runner.device))
+        return cls(head, target.info.vocab_size, name=f"head:{directory}")
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         self._params = params
         self._generator = generator
         self._states, self._known = [], 0
-        self._cache = KVCache()
+        self._cache = HeadCache()
         self._true_pairs = 0
 
     def observe_target(self, hidden: torch.Tensor) -> None:
@@ -64,7 +71,7 @@ class HeadDrafter:
         if k == 0:
             return Draft(token_ids=())
         if self._known != len(context_ids) - 1:
-            raise UsageError(
+            raise InternalError(
                 f"head drafter has {self._known} target states for a context of {len(context_ids)} tokens; "
                 "the engine must call observe_target"
             )
@@ -112,7 +119,7 @@ def shipped_head_for(target: LoadedModel) -> Path | None:
         return None
     try:
         check_target(read_config(directory)["target"], target, str(directory))
-    except UsageError:  # another model of the same name, or a runner that cannot show its weights
+    except UsageError:  # another model of the same name
         return None
     return directory
 
@@ -127,10 +134,3 @@ def head_directory(argument: str, target_name: str) -> Path:
     raise UsageError(
         f"no draft head at {name!r} (shipped heads: {shipped}); pass head:DIR with a directory from quickdraft distill"
     )
-
-
-@register_drafter("head")
-def _make(argument: str, target: LoadedModel, spec: SpecConfig, options: DrafterLoadOptions) -> HeadDrafter:
-    directory = head_directory(argument, target.info.name)
-    head = quantize_head(load_head(directory, target).to(target.runner.device))
-    return HeadDrafter(head, target.info.vocab_size, name=f"head:{directory}")

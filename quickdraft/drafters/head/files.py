@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from quickdraft.distill.identity import check_target, embedding_matrices
-from quickdraft.distill.model import DraftHead, HeadConfig
+from quickdraft.drafters.head.identity import check_target
+from quickdraft.drafters.head.model import DraftHead, HeadConfig
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
 
@@ -25,7 +25,7 @@ CONFIG = "config.json"
 
 def build_head(config: HeadConfig, target: LoadedModel, vocab_ids: torch.Tensor) -> DraftHead:
     """A fresh head for `target` over the reduced vocabulary `vocab_ids` [draft_vocab]."""
-    embeddings, output = embedding_matrices(target)
+    embeddings, output = target.runner.embedding_matrices()
     return DraftHead(config, embeddings, output, vocab_ids)
 
 

@@ -18,7 +18,7 @@ PROBE_TOLERANCE = 2e-2  # absolute; bfloat16 rounding of typical weights is ~1e-
 
 def target_identity(target: LoadedModel) -> dict:
     """JSON-able identity: name, architecture, vocab and hidden sizes, output-layer probe."""
-    _, output = embedding_matrices(target)
+    _, output = target.runner.embedding_matrices()
     return {
         "name": target.info.name,
         "architecture": target.info.architecture,
@@ -37,17 +37,6 @@ def check_target(expected: dict, target: LoadedModel, head_dir: str) -> None:
     difference = (torch.tensor(actual["probe"]) - torch.tensor(expected["probe"])).abs().max()
     if difference > PROBE_TOLERANCE:
         _refuse(head_dir, expected, "different weights")
-
-
-def embedding_matrices(target: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token embeddings [vocab, hidden], output layer [vocab, hidden]) of the target's runner."""
-    matrices = getattr(target.runner, "embedding_matrices", None)
-    if matrices is None:
-        raise UsageError(
-            f"the {type(target.runner).__name__} runner does not expose its embeddings; "
-            "use --runtime hf with a head drafter"
-        )
-    return matrices()
 
 
 def _probe(output: torch.Tensor) -> torch.Tensor:
