@@ -15,7 +15,7 @@ which is fed with the next draft.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -70,12 +70,19 @@ class Engine:
         target: LoadedModel,
         spec: SpecConfig = SpecConfig(),
         drafter_options: DrafterLoadOptions = DrafterLoadOptions(),
+        *,
+        costs: ControllerMemory | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`costs`: the controller's cost model and acceptance to start from (None: calibrated before the first
+        k="auto" request). `clock`: seconds for stats and the controller; a replay passes a clock that its
+        stand-in target advances by modelled step times (`bench/replay.py`)."""
         self.target = target
         self.spec = spec
         self.drafter_options = drafter_options
         self._drafters: dict[str, Drafter] = {}
-        self._memory: ControllerMemory | None = None  # measured costs and acceptance, shared by requests
+        self._memory = costs  # measured costs and acceptance, shared by requests
+        self._clock = clock
 
     @classmethod
     def from_names(
@@ -205,19 +212,19 @@ class Engine:
         controller = self._controller(spec)
         for name in spec.drafters:
             self.drafter(name).begin(prompt_ids, params, generator)
-        started = time.perf_counter()
+        started = self._clock()
         hidden_readers = [d for d in self._candidates(spec).values() if d.needs_target_hidden]
         first = sampling.choose(_prefill(runner, prompt_ids, hidden_readers)[None], params, generator)  # [1]
         stats.target_forwards = 1
         request.commit((int(first),))
-        stats.prefill_seconds = time.perf_counter() - started
+        stats.prefill_seconds = self._clock() - started
         yield from request.deltas()
         while not request.finish_reason:
             self._step(request, controller, hidden_readers, generator, stats)
             yield from request.deltas()
         controller.finish()
         stats.generated_tokens = len(request.generated)
-        stats.total_seconds = time.perf_counter() - started
+        stats.total_seconds = self._clock() - started
         yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
 
     def _step(
@@ -229,18 +236,18 @@ class Engine:
         stats: GenerationStats,
     ) -> None:
         runner = self.target.runner
-        started = time.perf_counter()
+        started = self._clock()
         plan = controller.plan(request.context, request.remaining - 1)
-        planned = time.perf_counter()
+        planned = self._clock()
         draft = self._draft(plan, request.context)
-        drafted = time.perf_counter()
+        drafted = self._clock()
         committed_length = runner.cache_length
         logits, hidden = _forward(
             runner, [request.pending, *draft.token_ids], hidden_readers
         )  # [len(draft) + 1, vocab]
         verdict = _verify(draft, logits, request.params, generator)
         runner.rollback(committed_length + 1 + verdict.num_accepted)
-        verified = time.perf_counter()
+        verified = self._clock()
         controller.observe(plan, draft, verdict, drafted - planned, verified - drafted)
         for reader in hidden_readers:
             reader.observe_target(hidden[: verdict.num_accepted + 1])  # states of the committed positions

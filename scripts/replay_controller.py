@@ -5,12 +5,12 @@
 
 Timing noise on a shared 2-core machine is as large as the differences between auto and the best
 fixed k; this takes it out (`quickdraft.bench.replay`). Each quality prompt's recorded target
-output is decoded again by each policy, a step over n tokens costs v(n) = t(n) / t(1) from the
-run's final cost model, and prompts run in the bench's order with one controller memory, as in the
-bench. Printed per category: decode speed in tokens per t(1), which is the decode speedup over the
-target alone (the prefill is left out: it is the same for every setting), and auto over the best
-fixed k. Not seen: drafting and controller time (small for n-gram), and anything the cost model
-misses (the real t(n) grows with the context).
+output is decoded again by the engine under each policy, a step drafting k tokens costs
+v(k) = t(k + 1) / t(1) from the run's final cost model, and prompts run in the bench's order with
+one controller memory, as in the bench. Printed per category: decode speed in tokens per t(1),
+which is the decode speedup over the target alone (the prefill is left out: it is the same for
+every setting), and auto over the best fixed k. Not seen: drafting and controller time (small for
+n-gram), and anything the cost model misses (the real t(n) grows with the context).
 """
 
 import argparse
@@ -23,7 +23,6 @@ from transformers import AutoTokenizer
 from quickdraft.bench.adaptive_report import fixed_k, fixed_labels
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.replay import replay
-from quickdraft.config import SpecConfig
 from quickdraft.controller import ControllerMemory
 from quickdraft.costs import TargetCost
 from quickdraft.models.store import local_model_dir
@@ -66,12 +65,12 @@ def main() -> None:
         for index, prompt in enumerate(prompts):
             output = outputs[index]
             if len(output) > 1:
-                steps = replay(encoded[index], output, k, memory, SpecConfig(k_max=len(v) - 1))
+                steps = replay(encoded[index], output, k, memory, tokenizer, k_max=len(v) - 1)
                 cost[prompt.category] += sum(v[drafted] for drafted in steps)
                 tokens[prompt.category] += len(output) - 1
         cost["overall"], tokens["overall"] = sum(cost.values()), sum(tokens.values())
         speeds[label] = {category: tokens[category] / cost[category] for category in cost}
-    print(f"cost model v(n) = t(n)/t(1), n = 1..: {' '.join(f'{x:.2f}' for x in v)}")
+    print(f"cost model v(k) = t(k+1)/t(1), k = 0..: {' '.join(f'{x:.2f}' for x in v)}")
     print("| category | " + " | ".join(settings) + " | auto / best fixed |")
     print("|---" * (len(settings) + 2) + "|")
     for category in speeds["auto"]:

@@ -169,15 +169,16 @@ def test_replaying_a_fixed_k_takes_exactly_the_engines_steps(smollm2, k):
     result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=48, ignore_eos=True))
     assert result.stats.accepted_tokens > 0
     memory = ControllerMemory(TargetCost([1.0] * 9))
-    assert replay(prompt_ids, result.token_ids, k, memory) == result.stats.k_per_step
+    assert replay(prompt_ids, result.token_ids, k, memory, smollm2.tokenizer) == result.stats.k_per_step
 
 
-def test_replaying_auto_follows_the_cost_model():
+def test_replaying_auto_follows_the_cost_model(tiny_models):
     """Output that repeats its prompt: cheap verification makes auto draft long; a linear cost makes it
     stop drafting."""
     prompt_ids = list(range(10, 30))
     output = list(range(10, 30)) * 3
-    cheap = replay(prompt_ids, output, None, ControllerMemory(TargetCost([1.0] * 9)))
-    linear = replay(prompt_ids, output, None, ControllerMemory(TargetCost([float(n) for n in range(1, 10)])))
+    tokenizer = tiny_models["llama"].tokenizer
+    cheap = replay(prompt_ids, output, None, ControllerMemory(TargetCost([1.0] * 9)), tokenizer)
+    linear = replay(prompt_ids, output, None, ControllerMemory(TargetCost([float(n) for n in range(1, 10)])), tokenizer)
     assert max(cheap) == 8 and len(cheap) < len(output) / 4
     assert sum(1 for drafted in linear if drafted == 0) > len(linear) / 2

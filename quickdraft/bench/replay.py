@@ -2,21 +2,89 @@
 
 Measured tokens/s on a shared machine swings by 10-20% between runs of identical work, which can
 be as large as the differences between `--k auto` and the best fixed k. A replay takes timing
-out: the target's greedy output (recorded by `quickdraft bench-adaptive`) is decoded again with
-the real n-gram drafter and either a fixed k or the real adaptive controller, and a draft token is
-accepted exactly when it equals the recorded token, which is what greedy verification does. The
-controller is told that a step over n tokens took v(n) (a cost model, in units of t(1)), so its
-choices follow that model alone. `scripts/replay_controller.py` prices the steps and compares
-policies per category.
+out: the engine's own loop decodes the target's recorded greedy output (from `quickdraft
+bench-adaptive`) again, with the real n-gram drafter and either a fixed k or the real adaptive
+controller, but with `RecordedTarget` standing in for the target. Its logits put all mass on the
+recorded next token at every position, so greedy verification accepts a draft token exactly when
+it equals the recorded one; and each of its forwards over n tokens advances the engine's clock by
+t(n) of a cost model (in units of t(1)), so the controller's choices follow that model alone.
+`scripts/replay_controller.py` prices the steps and compares policies per category.
 """
 
 from collections.abc import Sequence
 
-from quickdraft.config import SpecConfig
-from quickdraft.controller import AdaptiveController, ControllerMemory
-from quickdraft.drafters.base import Draft
-from quickdraft.drafters.ngram import NgramDrafter
-from quickdraft.verify import Verdict
+import torch
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.controller import ControllerMemory
+from quickdraft.costs import TargetCost
+from quickdraft.engine import Engine
+from quickdraft.errors import InternalError
+from quickdraft.models.base import ModelInfo
+from quickdraft.models.loading import LoadedModel
+
+
+class VirtualClock:
+    """Seconds that pass only when `advance` says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordedTarget:
+    """A `ModelRunner` whose next token at every position is the recorded one, at the cost model's price."""
+
+    def __init__(self, sequence: Sequence[int], cost: TargetCost, clock: VirtualClock) -> None:
+        self.sequence = list(sequence)  # the prompt followed by the recorded output
+        vocab_size = max(self.sequence) + 1
+        self.info = ModelInfo(name="recorded", architecture="recorded", vocab_size=vocab_size, max_context=10**9)
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self._cost = cost
+        self._clock = clock
+        self._length = 0
+
+    @property
+    def cache_length(self) -> int:
+        return self._length
+
+    def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
+        """The prompt's last row; free (the replay prices decode steps only)."""
+        self._length = 0
+        return self._rows(token_ids)[-1]
+
+    def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
+        """One-hot rows [n, vocab] at the recorded tokens after positions cache_length..; costs t(n)."""
+        self._clock.advance(self._cost.seconds(len(token_ids)))
+        return self._rows(token_ids)
+
+    def _rows(self, token_ids: Sequence[int]) -> torch.Tensor:
+        n, start = len(token_ids), self._length
+        following = torch.tensor(self.sequence[start + 1 : start + n + 1])  # [n]
+        if following.numel() != n:
+            raise InternalError(f"a forward past the recorded output ({start + n} of {len(self.sequence)} tokens)")
+        logits = torch.full((n, self.info.vocab_size), float("-inf"))
+        logits[torch.arange(n), following] = 0.0
+        self._length = start + n
+        return logits
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise InternalError(f"cannot roll back to {length}: {self._length} tokens are cached")
+        self._length = length
+
+    def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise InternalError("a recorded target has no weights")
+
+    def linear_layers(self) -> list:
+        return []
 
 
 def replay(
@@ -24,33 +92,18 @@ def replay(
     output: Sequence[int],
     k: int | None,
     memory: ControllerMemory,
-    spec: SpecConfig = SpecConfig(),
+    tokenizer: PreTrainedTokenizerBase,
+    k_max: int = 8,
 ) -> list[int]:
-    """Draft tokens per step (as `GenerationStats.k_per_step`) of decoding `output` after `prompt_ids`.
+    """Draft tokens per step (as `GenerationStats.k_per_step`) of the engine decoding `output` after `prompt_ids`.
 
-    k: a fixed k, or None for the adaptive controller (its costs and carried acceptance in
-    `memory`, whose target cost model also prices every step it observes). As in the engine, the
-    first output token comes from the prefill and a step never drafts past the last output token.
+    k: a fixed k, or None for the adaptive controller (up to `k_max`), whose costs and carried acceptance are
+    `memory`; its target cost model also prices every step. `tokenizer` is the one the output was written with.
     """
-    ngram = NgramDrafter()
-    controller = AdaptiveController({"ngram": ngram}, memory, spec.k_max) if k is None else None
-    position, steps = 1, []
-    while position < len(output):
-        context = list(prompt_ids) + list(output[:position])
-        limit = len(output) - position - 1  # the engine's request.remaining - 1
-        if controller is None:
-            draft = ngram.propose(context, min(k, limit))
-        else:
-            plan = controller.plan(context, limit)
-            draft = plan.lookups["ngram"].truncated(plan.k) if plan.drafter else Draft(token_ids=())
-        accepted = 0
-        while accepted < len(draft) and draft.token_ids[accepted] == output[position + accepted]:
-            accepted += 1
-        tokens = tuple(output[position : position + accepted + 1])
-        if controller is not None:
-            controller.observe(plan, draft, Verdict(accepted, tokens), 0.0, memory.target.seconds(len(draft) + 1))
-        steps.append(len(draft))
-        position += len(tokens)
-    if controller is not None:
-        controller.finish()
-    return steps
+    clock = VirtualClock()
+    runner = RecordedTarget([*prompt_ids, *output], memory.target, clock)
+    target = LoadedModel(runner, tokenizer, PretrainedConfig())  # a stand-in: no checkpoint behind it
+    spec = SpecConfig(drafter="ngram", k="auto" if k is None else k, k_max=k_max)
+    engine = Engine(target, spec, costs=memory, clock=clock)
+    params = SamplingParams(max_new_tokens=len(output), ignore_eos=True)
+    return engine.generate(list(prompt_ids), params).stats.k_per_step
