@@ -8,8 +8,8 @@ time t(n) over n fed tokens:
     T(d, k) = k * c_d + t(k + 1)                     expected seconds it takes     (k = 0: 1, t(1))
 
 and the step takes the (d, k) with the largest E / T, tokens per second; plain decoding, 1 / t(1),
-is always on offer, so drafting is chosen only where it is expected to pay. This is ENGINEERING.md's
-formula with two refinements: acceptance by position instead of one rate (an n-gram proposal that
+is always on offer, so drafting is chosen only where it is expected to pay. This is the speedup of
+`docs/cost_model.md` with two refinements: acceptance by position instead of one rate (an n-gram proposal that
 starts right tends to stay right), and t(n) measured per size rather than assumed to grow (on CPU
 some sizes run faster kernels). A renewal-reward variant (maximise E - rho * T with rho the
 request's measured speed, better in theory when steps differ) was tried on recorded outputs and
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from quickdraft.acceptance import AcceptanceEstimate, outcomes
-from quickdraft.costs import DraftCost, TargetCost
+from quickdraft.costs import DraftCost, TargetCost, expected_tokens
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.verify import Verdict
 
@@ -64,15 +64,6 @@ class Choice:
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds
-
-
-def expected_tokens(acceptance: Sequence[float], k: int) -> float:
-    """E: tokens a step yields when drafting the first k of a proposal (the target's token included)."""
-    total, all_accepted = 1.0, 1.0
-    for rate in acceptance[:k]:
-        all_accepted *= rate
-        total += all_accepted
-    return total
 
 
 def estimate(option: DraftOption, k: int, target_seconds: Sequence[float]) -> Choice:

@@ -1,4 +1,15 @@
-"""What a step costs, in seconds: the target's forward over n tokens, and a drafter's tokens.
+"""What a step costs and yields: the one vocabulary of the engine, the controller and the benchmarks.
+
+Derived in `docs/cost_model.md`. For a step that drafts k tokens (so the target is fed n = k + 1):
+
+    t(n)   seconds of one target step over n fed tokens (verification and rollback included)
+    v(k)   t(k + 1) / t(1): what verifying k drafts costs, in plain decoding steps; v(0) = 1
+    c      drafting seconds per drafted token / t(1)
+    a_i    acceptance at draft position i given positions 1..i-1 were accepted
+    E(k)   1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens of the step (`expected_tokens`)
+
+and the speedup of drafting k tokens every step over plain decoding is E(k) / (k c + v(k)).
+`time_forwards` is the one timer of target forwards (calibration, `bench`, `bench-runtime`).
 
 `TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
 n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`. `calibrate_target`
@@ -84,29 +95,69 @@ class DraftCost:
         self.seconds_per_catch_up_token += DRAFT_RATE * (catch_up - self.seconds_per_catch_up_token)
 
 
-def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
-    """Time forwards of 1..max_tokens tokens after a short dummy prefill (the cache is left dirty).
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(k): tokens a step yields when drafting the first k of a proposal (the target's token included).
 
-    Sizes are interleaved within each round, so a load change during calibration hits all alike.
+    acceptance[i - 1] is a_i; with every a_i = a this is (1 - a^(k+1)) / (1 - a)."""
+    total, all_accepted = 1.0, 1.0
+    for rate in acceptance[:k]:
+        all_accepted *= rate
+        total += all_accepted
+    return total
+
+
+def time_forwards(
+    runner: ModelRunner,
+    context_ids: list[int],
+    sizes: Sequence[int],
+    min_rounds: int,
+    max_rounds: int | None = None,
+    min_seconds: float = 0.0,
+) -> dict[int, float]:
+    """Median seconds of a target forward over n new tokens after `context_ids`, for each n in `sizes`.
+
+    The context is prefilled once (the cache is left holding it). Each size runs once untimed (first calls
+    allocate; kernels pick their plans per shape), then in interleaved rounds, so drifting load hits every size
+    alike: `min_rounds`, and more while `min_seconds` have not passed, up to `max_rounds`. Every forward is
+    followed by a rollback, so each one sees the same context. The new tokens repeat the context's.
     """
-    context = _dummy_context(runner.info.vocab_size)
-    runner.prefill(context)
+    filler = (context_ids * (max(sizes) // len(context_ids) + 1))[: max(sizes)]
+    runner.prefill(context_ids)
+    context = runner.cache_length
 
-    def forward(tokens: int) -> float:
+    def forward(n: int) -> float:
         started = time.perf_counter()
-        runner.forward(context[:tokens])
-        runner.rollback(CALIBRATION_CONTEXT)
+        runner.forward(filler[:n])
+        runner.rollback(context)
         return time.perf_counter() - started
 
-    forward(max_tokens)  # warm-up: first calls allocate
-    sizes = range(1, max_tokens + 1)
-    started = time.perf_counter()
-    rounds = []  # [repeats][sizes]
-    while len(rounds) < CALIBRATION_REPEATS or (
-        time.perf_counter() - started < CALIBRATION_SECONDS and len(rounds) < CALIBRATION_MAX_REPEATS
+    for n in sizes:
+        forward(n)
+    started, rounds = time.perf_counter(), []  # [rounds][sizes]
+    while len(rounds) < min_rounds or (
+        time.perf_counter() - started < min_seconds and len(rounds) < (max_rounds or min_rounds)
     ):
-        rounds.append([forward(size) for size in sizes])
-    return TargetCost([statistics.median(timings) for timings in zip(*rounds)])
+        rounds.append([forward(n) for n in sizes])
+    return {n: statistics.median(timings) for n, timings in zip(sizes, zip(*rounds))}
+
+
+def relative_costs(forward_seconds: dict[int, float]) -> dict[int, float]:
+    """v(k) for every k whose t(k + 1) was timed, from {n: t(n)}."""
+    return {n - 1: seconds / forward_seconds[1] for n, seconds in forward_seconds.items()}
+
+
+def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
+    """t(1..max_tokens) after a short dummy prefill (the cache is left dirty), in rounds for about
+    CALIBRATION_SECONDS."""
+    seconds = time_forwards(
+        runner,
+        _dummy_context(runner.info.vocab_size),
+        range(1, max_tokens + 1),
+        min_rounds=CALIBRATION_REPEATS,
+        max_rounds=CALIBRATION_MAX_REPEATS,
+        min_seconds=CALIBRATION_SECONDS,
+    )
+    return TargetCost(list(seconds.values()))
 
 
 def calibrate_drafter(drafter: Drafter, target: ModelRunner, tokens: int = 3, behind: int = 16) -> DraftCost:

@@ -1,6 +1,26 @@
-"""What speculation did during one generation, and derived rates."""
+"""What speculation did during one generation, and the one definition of the rates derived from it.
+
+`tau`, `acceptance_rate` and `acceptance_by_position` are what every report means by those words: the
+engine's stats, the server's `speculation` field, the benchmarks (pooled over generations) and the head
+cards.
+"""
 
 from dataclasses import dataclass, field
+
+
+def tau(accepted_tokens: int, steps: int) -> float:
+    """Mean accepted length: tokens per step, the target's own token included (1.0 for plain decoding)."""
+    return (accepted_tokens + steps) / steps if steps else 1.0
+
+
+def acceptance_rate(accepted_tokens: int, draft_tokens: int) -> float | None:
+    """Accepted draft tokens / drafted tokens; None when nothing was drafted."""
+    return accepted_tokens / draft_tokens if draft_tokens else None
+
+
+def acceptance_by_position(accepted: list[int], drafted: list[int]) -> list[float]:
+    """[i]: steps that accepted the token at draft position i / steps that drafted one there."""
+    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
 
 
 @dataclass
@@ -51,17 +71,17 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens / drafted tokens (0 when nothing was drafted)."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        """`acceptance_rate`, 0 when nothing was drafted."""
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens) or 0.0
 
     @property
     def mean_accepted_length(self) -> float:
-        """tau: tokens gained per step, the target's own token included (1.0 for plain decoding)."""
-        return (self.accepted_tokens + self.steps) / self.steps if self.steps else 1.0
+        """`tau`."""
+        return tau(self.accepted_tokens, self.steps)
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+        return acceptance_by_position(self.accepted_by_position, self.drafted_by_position)
 
     @property
     def tokens_per_second(self) -> float:

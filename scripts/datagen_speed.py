@@ -1,8 +1,8 @@
 """Answer tokens per second of `quickdraft distill`'s data stage per writer dtype and batch size, side by side.
 
-    python scripts/datagen_speed.py --dtypes float32,bfloat16 --batch-sizes 32 --prompts 32 \
+    python scripts/datagen_speed.py --dtypes float32,bfloat16 --batch-sizes 32 --count 32 \
         --max-new-tokens 64 --rounds 2 --threads 2
-    python scripts/datagen_speed.py --dtypes float32 --batch-sizes 16,32,64 --prompts 64 \
+    python scripts/datagen_speed.py --dtypes float32 --batch-sizes 16,32,64 --count 64 \
         --max-new-tokens 64 --rounds 2 --threads 2
 
 Every round, each (dtype, batch size) writes one shard's worth of answers to the same ShareGPT
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument(
         "--batch-sizes", default="64", help="comma list of sequences per generate call (distill's --batch-size)"
     )
-    parser.add_argument("--prompts", type=int, default=64, help="prompts answered by each setting each round")
+    parser.add_argument("--count", type=int, default=64, help="prompts answered by each setting each round")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-prompt-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
@@ -51,19 +51,17 @@ def main() -> None:
             config = AnswerConfig(
                 max_new_tokens=args.max_new_tokens,
                 batch_size=size,
-                chunk_prompts=args.prompts,
+                chunk_prompts=args.count,
                 max_prompt_tokens=args.max_prompt_tokens,
                 dtype=dtype,
             )
             writer = writers[dtype]
             started = time.perf_counter()
-            shard = answer_chunk(
-                transformers_model(writer), writer.tokenizer, prompts, list(range(args.prompts)), config
-            )
+            shard = answer_chunk(transformers_model(writer), writer.tokenizer, prompts, list(range(args.count)), config)
             rates[dtype, size].append(shard.answer_tokens / (time.perf_counter() - started))
     first = statistics.median(rates[settings[0]])
     print(
-        f"{args.prompts} prompts (those over {args.max_prompt_tokens} tokens skipped), "
+        f"{args.count} prompts (those over {args.max_prompt_tokens} tokens skipped), "
         f"at most {args.max_new_tokens} new tokens, "
         f"{args.rounds} rounds, {torch.get_num_threads()} threads; --gen-dtype auto picks {default_writer_dtype()} here"
     )

@@ -1,7 +1,7 @@
 """Why a head's engine tau is below its teacher-forced tau: both measured on the same text.
 
     python scripts/head_gap.py --model smollm2-135m-instruct --count 12 --k 4 --threads 2
-    python scripts/head_gap.py --dev ../shared/data/specbench_dev.jsonl --categories writing,roleplay,qa --count 12
+    python scripts/head_gap.py --prompts ../shared/data/specbench_dev.jsonl --categories writing,roleplay,qa --count 12
 
 The engine answers each prompt greedily with the head drafting k tokens per step. The training
 code's teacher-forced evaluation (`distill.train.evaluate`) then scores the same head on the same
@@ -25,22 +25,23 @@ from quickdraft.drafters.head.drafter import head_directory
 from quickdraft.drafters.head.files import load_head
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model
+from quickdraft.stats import tau
 
 
 def prompts_from(args: argparse.Namespace) -> list[str]:
     """Held-out ShareGPT prompts (never trained on), or the first turns of dev prompts in some categories."""
-    if not args.dev:
+    if not args.prompts:
         return evaluation.heldout_prompts(load_training_prompts(None), args.count)
     categories = args.categories.split(",") if args.categories else None
-    return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.dev), categories)][: args.count]
+    return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.prompts), categories)][: args.count]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--head", default="", help="head directory (default: the one shipped for the model)")
-    parser.add_argument("--dev", help="Spec-Bench style JSONL instead of the held-out ShareGPT prompts")
-    parser.add_argument("--categories", help="with --dev: comma list of categories to keep")
+    parser.add_argument("--prompts", help="Spec-Bench style JSONL instead of the held-out ShareGPT prompts")
+    parser.add_argument("--categories", help="with --prompts: comma list of categories to keep")
     parser.add_argument("--count", type=int, default=12)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -68,7 +69,7 @@ def main() -> None:
         examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
     forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
     print(
-        f"engine, k={args.k}: tau {(accepted + steps) / steps:.3f}, accepted by position (share of steps) "
+        f"engine, k={args.k}: tau {tau(accepted, steps):.3f}, accepted by position (share of steps) "
         f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}"
     )
     print(

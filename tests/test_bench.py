@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from quickdraft.bench import costs
+from quickdraft.bench import prediction
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.summary import BASELINE, HF_BASELINE, OVERALL
 from quickdraft.cli import main
+from quickdraft.costs import expected_tokens
 from quickdraft.errors import UsageError
 
 PROMPTS = [
@@ -36,9 +37,9 @@ def run_bench(tmp_path: Path, model_dir: Path, drafters: str, k: str = "1,2") ->
         str(model_dir),
         "--drafters",
         drafters,
-        "--k",
+        "--ks",
         k,
-        "--dataset",
+        "--prompts",
         str(dataset),
         "--max-new-tokens",
         str(MAX_NEW_TOKENS),
@@ -192,9 +193,9 @@ def test_joined_drafters_without_auto_are_refused_before_loading_models(tmp_path
             str(tmp_path / "no-model"),
             "--drafters",
             "ngram+head",
-            "--k",
+            "--ks",
             "4",
-            "--dataset",
+            "--prompts",
             str(dataset),
             "--out",
             str(tmp_path / "out"),
@@ -233,7 +234,7 @@ def test_malformed_datasets_are_rejected_naming_the_line(tmp_path, lines, expect
 def test_cli_reports_a_bad_dataset_in_one_line_before_loading_models(tmp_path, capsys):
     path = write_jsonl(tmp_path / "prompts.jsonl", [PROMPTS[0], "{oops"])
     code = main(
-        ["bench", "--model", str(tmp_path / "no-model"), "--dataset", str(path), "--out", str(tmp_path / "out")]
+        ["bench", "--model", str(tmp_path / "no-model"), "--prompts", str(path), "--out", str(tmp_path / "out")]
     )
     error = capsys.readouterr().err
     assert code == 2
@@ -250,23 +251,23 @@ def test_selection_takes_the_first_prompts_of_each_category(tmp_path):
 
 
 def test_expected_tokens_per_step():
-    assert costs.expected_tokens_per_step(0.0, 4) == 1.0
-    assert costs.expected_tokens_per_step(1.0, 4) == 5.0
-    assert costs.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens([0.0] * 4, 4) == 1.0
+    assert expected_tokens([1.0] * 4, 4) == 5.0
+    assert expected_tokens([0.5] * 2, 2) == pytest.approx(1.75)
 
 
 def test_predicted_speedups():
     verify_cost = {0: 1.0, 1: 1.2, 2: 1.5}
-    assert costs.predicted_speedup(0.5, 2, 0.1, verify_cost) == pytest.approx(1.75 / (0.2 + 1.5))
-    assert costs.predicted_speedup(0.5, 3, 0.1, verify_cost) is None
-    shares = costs.draft_length_shares(10, [6, 3])  # 4 steps drafted 0 tokens, 3 drafted 1, 3 drafted 2
+    assert prediction.predicted_speedup(0.5, 2, 0.1, verify_cost) == pytest.approx(1.75 / (0.2 + 1.5))
+    assert prediction.predicted_speedup(0.5, 3, 0.1, verify_cost) is None
+    shares = prediction.draft_length_shares(10, [6, 3])  # 4 steps drafted 0 tokens, 3 drafted 1, 3 drafted 2
     assert shares == pytest.approx({0: 0.4, 1: 0.3, 2: 0.3})
     expected_verify = 0.4 * 1.0 + 0.3 * 1.2 + 0.3 * 1.5
-    assert costs.step_mix_speedup(1.4, 0.05, shares, verify_cost) == pytest.approx(1.4 / (0.05 + expected_verify))
-    assert costs.step_mix_speedup(1.4, 0.05, {3: 1.0}, verify_cost) is None
+    assert prediction.step_mix_speedup(1.4, 0.05, shares, verify_cost) == pytest.approx(1.4 / (0.05 + expected_verify))
+    assert prediction.step_mix_speedup(1.4, 0.05, {3: 1.0}, verify_cost) is None
 
 
 def test_k_list_passes_words_through():
-    from quickdraft.commands.bench_cmd import _k_list
+    from quickdraft.commands.arguments import k_list
 
-    assert _k_list("1, 2,auto") == [1, 2, "auto"]
+    assert k_list("1, 2,auto") == [1, 2, "auto"]

@@ -17,7 +17,7 @@ def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_pat
         "1",
         "--threads",
         "1",
-        "--dev-prompts",
+        "--prompts",
         str(dataset),
         "--per-category",
         "1",
@@ -53,6 +53,6 @@ def test_table_shows_ratios_against_the_transformers_runner(tiny_dirs, capsys):
 
 
 def test_a_missing_dev_prompt_file_is_a_usage_error_before_loading_anything(tmp_path, capsys):
-    code = main(["bench-runtime", "--models", "smollm2-135m-instruct", "--dev-prompts", str(tmp_path / "none.jsonl")])
+    code = main(["bench-runtime", "--models", "smollm2-135m-instruct", "--prompts", str(tmp_path / "none.jsonl")])
     assert code == 2
     assert "cannot read dataset" in capsys.readouterr().err

@@ -8,8 +8,8 @@ import pytest
 from quickdraft.acceptance import AcceptanceEstimate, outcomes
 from quickdraft.commands.generate_cmd import parse_k
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.controller import AdaptiveController, ControllerMemory, DraftOption, choose, expected_tokens
-from quickdraft.costs import DraftCost, TargetCost
+from quickdraft.controller import AdaptiveController, ControllerMemory, DraftOption, choose
+from quickdraft.costs import DraftCost, TargetCost, expected_tokens
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.ngram import NgramDrafter

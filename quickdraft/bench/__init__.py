@@ -2,7 +2,7 @@
 
 dataset.py   load and validate a JSONL prompt file; select categories / first N per category
 methods.py   one class per method (quickdraft engine with a drafter and k; transformers peers)
-costs.py     measured v(k), draft cost c and acceptance a; the predicted speedup
+prediction.py the speedup measured v(k), draft cost c and acceptance a predict
 runner.py    the interleaved loop over repeats, prompts and methods; raw measurements
 summary.py   aggregation of raw measurements (Spec-Bench speedups, spread over repeats)
 report.py    report.md from a results dict

@@ -215,7 +215,8 @@ def adaptation(measurements: list[Measurement]) -> dict[str, float]:
 
 
 def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
-    """The engine's cost model now: t(1) in ms, v(n) = t(n) / t(1), and model drafters' cost per token / t(1)."""
+    """The engine's cost model now: t(1) in ms, "v": v(k) = t(k + 1) / t(1) for k = 0.., and model drafters'
+    cost per token / t(1) (c)."""
     memory = engine.calibrate(spec)
     t1 = memory.target.seconds(1)
     return {

@@ -146,7 +146,7 @@ def _costs_line(costs: dict) -> str:
     def describe(profile: dict) -> str:
         drafts = "".join(f", {name} {ratio:.2f} t(1)/token" for name, ratio in profile["draft_per_token_vs_t1"].items())
         return (
-            f"t(1) {profile['t1_ms']:.0f} ms, v(n) = t(n)/t(1) for n = 1.. "
+            f"t(1) {profile['t1_ms']:.0f} ms, v(k) = t(k+1)/t(1) for k = 0.. "
             + " ".join(f"{v:.2f}" for v in profile["v"])
             + drafts
         )

@@ -17,6 +17,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
+from quickdraft.stats import acceptance_rate, tau
 
 Family = Literal["quickdraft", "transformers"]
 HFMode = Literal["greedy", "lookup", "assistant"]
@@ -58,12 +59,11 @@ class Measurement:
 
     @property
     def mean_accepted_length(self) -> float:
-        """tau: tokens per step, the target's own token included (1.0 for plain decoding)."""
-        return (self.accepted_tokens + self.steps) / self.steps if self.steps else 1.0
+        return tau(self.accepted_tokens, self.steps)
 
     @property
     def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     def to_dict(self) -> dict:
         return {

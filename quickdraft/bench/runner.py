@@ -12,7 +12,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from quickdraft.bench.costs import measure_forward_seconds, relative_verify_cost
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
 from quickdraft.bench.methods import (
     AUTO,
@@ -27,6 +26,7 @@ from quickdraft.bench.methods import (
 from quickdraft.bench.provenance import machine_info, provenance
 from quickdraft.bench.summary import BASELINE, HF_BASELINE
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.costs import relative_costs, time_forwards
 from quickdraft.drafters.base import DrafterLoadOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import Engine
@@ -53,12 +53,23 @@ class BenchConfig:
     peers: tuple[str, ...] = ()  # "hf": transformers generate (greedy, prompt lookup, assistant)
     hf_lookup_tokens: int = 4  # prompt_lookup_num_tokens of the transformers peer
     runtime: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"  # see `run_dtype`
     seed: int = 0  # base seed of sampled runs (prompt i, repeat r uses seed + 1000 r + i)
     cost_repeats: int = 10  # repeats of each forward size when measuring v(k)
     progress: bool = True
 
+    @property
+    def run_dtype(self) -> str:
+        """The dtype every method runs in: auto is the runtime's default, or float32 beside the transformers
+        peers, so that quickdraft and transformers run the same weights and their outputs compare token for
+        token."""
+        return "float32" if self.dtype == "auto" and self.peers else self.dtype
+
     def __post_init__(self) -> None:
+        if self.peers and self.dtype == "int8":
+            raise UsageError(
+                "--peers hf runs transformers, which has no int8 weights; pass --dtype auto, float32 or bfloat16"
+            )
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1, got {self.repeats}; speedups need at least one repeat")
         if unknown := [p for p in self.peers if p != "hf"]:
@@ -66,7 +77,7 @@ class BenchConfig:
         for drafter in self.drafters:
             if JOINER in drafter and AUTO not in self.ks:
                 raise UsageError(
-                    f"{drafter} joins drafters for --k auto to choose between; add auto to --k, e.g. --k 4,auto"
+                    f"{drafter} joins drafters for --k auto to choose between; add auto to --ks, e.g. --ks 4,auto"
                 )
             for k in ks_for(drafter, self.ks):
                 SpecConfig(drafter=engine_drafter(drafter), k=k)  # validates k before any model loads
@@ -78,15 +89,17 @@ def run_bench(config: BenchConfig) -> dict:
     meta = provenance(config.dataset)
     prompts = select_prompts(load_prompts(config.dataset), list(config.categories or []) or None, config.limit)
     model_dir = local_model_dir(config.model)
-    target = load_model_dir(model_dir, runtime=config.runtime, dtype=config.dtype, name=config.model)
-    engine = Engine(target, SpecConfig(drafter="none"), DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype))
+    target = load_model_dir(model_dir, runtime=config.runtime, dtype=config.run_dtype, name=config.model)
+    engine = Engine(
+        target, SpecConfig(drafter="none"), DrafterLoadOptions(runtime=config.runtime, dtype=config.run_dtype)
+    )
     chat = bool(target.tokenizer.chat_template)
     encoded = [engine.encode(prompt.first_turn, chat=chat) for prompt in prompts]
     methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
     _warm_up(methods, encoded[0], config)
     cost_context = sorted(encoded, key=len)[len(encoded) // 2]  # the median-length prompt: a typical context
-    forward_seconds = measure_forward_seconds(
-        target.runner, cost_context, _largest_k(config.ks) + 1, config.cost_repeats
+    forward_seconds = time_forwards(
+        target.runner, cost_context, range(1, _largest_k(config.ks) + 2), min_rounds=config.cost_repeats
     )
     rows = _measure_all(methods, prompts, encoded, config)
     _mark_identity(rows, config)
@@ -103,7 +116,7 @@ def run_bench(config: BenchConfig) -> dict:
         "methods": [{"name": m.name, "family": m.family, "drafter": m.drafter, "k": m.k} for m in methods],
         "cost_context_tokens": len(cost_context),
         "forward_seconds": {str(n): s for n, s in forward_seconds.items()},
-        "verify_cost": {str(k): v for k, v in relative_verify_cost(forward_seconds).items()},
+        "verify_cost": {str(k): v for k, v in relative_costs(forward_seconds).items()},
         "measurements": rows,
     }
 
@@ -125,14 +138,14 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
     """transformers greedy and prompt lookup, plus assisted generation for each draft-model drafter."""
     if "hf" not in config.peers:
         return []
-    target = HFTarget(model_dir, config.dtype, engine.target.info.eos_token_ids)
+    target = HFTarget(model_dir, config.run_dtype, engine.target.info.eos_token_ids)
     peers: list[Method] = [
         HFGenerate(target, "greedy"),
         HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens),
     ]
     for name in dict.fromkeys(part for drafter in config.drafters for part in drafter.split(JOINER)):
         if isinstance(engine.drafter(name), DraftModelDrafter):
-            assistant = load_hf_model(local_model_dir(name, progress=False), config.dtype)
+            assistant = load_hf_model(local_model_dir(name, progress=False), config.run_dtype)
             peers.append(HFGenerate(target, "assistant", assistant=assistant, assistant_name=name))
     return peers
 

@@ -4,8 +4,8 @@ For each model, in one process and interleaved over repeats (so machine noise hi
 alike), it measures
 - decode tokens/s: `DECODE_STEPS` greedy 1-token forwards after a short prompt;
 - v(k) = time of a forward over k+1 new tokens / time of a forward over 1, k = 1..8, on a
-  `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context;
-for the transformers float32 baseline (plain forward, DynamicCache, crop to roll back), native
+  `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context (`costs.time_forwards`);
+for the transformers float32 runner (`HFRunner`: DynamicCache, crop to roll back), native
 float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
 For each native dtype it also times the model's matrix products alone, once each on one row, as a
 native decode step would: the ceiling on tokens/s that removing all other work could reach.
@@ -19,7 +19,7 @@ tokens / wall time (prefill included), median over repeats.
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import torch
 
 from quickdraft.bench.dataset import Prompt
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.costs import time_forwards
 from quickdraft.engine import Engine
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
@@ -37,36 +38,7 @@ DECODE_PROMPT = 16  # prompt tokens before the decode run
 DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
 VERIFY_CONTEXT = 512  # cached tokens under each v(k) forward
 VERIFY_KS = tuple(range(1, 9))
-VERIFY_INNER = 5  # forwards per (k, repeat); their median is that repeat's time
-
-
-class HFBaseline:
-    """Plain transformers forward with a DynamicCache, rolled back with crop: the fair baseline."""
-
-    def __init__(self, model_dir: Path) -> None:
-        from transformers import AutoModelForCausalLM, DynamicCache
-
-        self._new_cache = DynamicCache
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.cache = DynamicCache()
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.get_seq_length()
-
-    @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
-        self.cache = self._new_cache()  # full-length layers, so crop works on sliding-window models too
-        out = self.model(torch.tensor([token_ids]), cache=self.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1].float()
-
-    @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int]) -> torch.Tensor:
-        out = self.model(torch.tensor([token_ids]), cache=self.cache, use_cache=True)
-        return out.logits[0].float()
-
-    def rollback(self, length: int) -> None:
-        self.cache.crop(length - self.cache_length)  # negative: number of tokens to drop
+VERIFY_INNER = 5  # interleaved rounds of forwards per repeat; their median is that repeat's time
 
 
 @dataclass(frozen=True)
@@ -86,17 +58,6 @@ def _decode_seconds(runner, prompt: Sequence[int]) -> float:
     return time.perf_counter() - begin
 
 
-def _forward_seconds(runner, context: int, tokens: Sequence[int]) -> float:
-    """Median time of a forward over `tokens` at `context` cached tokens (rolled back after each)."""
-    times = []
-    for _ in range(VERIFY_INNER):
-        begin = time.perf_counter()
-        runner.forward(tokens)
-        times.append(time.perf_counter() - begin)
-        runner.rollback(context)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def _matmul_seconds(runner: ModelRunner) -> float:
     """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
@@ -111,18 +72,14 @@ def _matmul_seconds(runner: ModelRunner) -> float:
 def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], float | None]:
     """Decode seconds, forward seconds per new-token count 1..9, and matmul-only seconds for one repeat."""
     decode = _decode_seconds(runner, tokens[:DECODE_PROMPT])
-    runner.prefill(tokens[:VERIFY_CONTEXT])
-    forward = {
-        n: _forward_seconds(runner, VERIFY_CONTEXT, tokens[VERIFY_CONTEXT : VERIFY_CONTEXT + n])
-        for n in (1, *[k + 1 for k in VERIFY_KS])
-    }
+    forward = time_forwards(runner, tokens[:VERIFY_CONTEXT], (1, *[k + 1 for k in VERIFY_KS]), min_rounds=VERIFY_INNER)
     matmuls = _matmul_seconds(runner) if runner.linear_layers() else None
     return decode, forward, matmuls
 
 
 def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[str, RuntimeResult]:
     """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved."""
-    runners: dict[str, Callable] = {"hf": HFBaseline(path)}
+    runners: dict[str, ModelRunner] = {"hf": load_model_dir(path, runtime="hf", dtype="float32").runner}
     runners.update({f"native_{d}": native_runner_for(path, d, "cpu") for d in native_dtypes})
     vocab = runners[f"native_{native_dtypes[0]}"].info.vocab_size
     tokens = torch.randint(0, vocab, (VERIFY_CONTEXT + 16,), generator=torch.Generator().manual_seed(0)).tolist()

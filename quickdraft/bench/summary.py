@@ -8,7 +8,9 @@ Counts (tau, acceptance, histograms) are pooled over every generation of a group
 import statistics
 from collections import defaultdict
 
-from quickdraft.bench.costs import draft_length_shares, expected_tokens_per_step, predicted_speedup, step_mix_speedup
+from quickdraft.bench.prediction import draft_length_shares, predicted_speedup, step_mix_speedup
+from quickdraft.costs import expected_tokens
+from quickdraft.stats import acceptance_by_position, acceptance_rate, tau
 
 OVERALL = "overall"
 BASELINE = "qd:none"  # quickdraft's target alone: the denominator of every speedup
@@ -50,7 +52,7 @@ def method_figures(rows: list[dict], method: str) -> dict:
         "speedup_vs_hf": _speedup(rows, method, HF_BASELINE, "tokens_per_second"),
         "decode_speedup": _speedup(rows, method, BASELINE, "decode_tokens_per_second"),
         "tau": _pooled_tau(own),
-        "acceptance": _ratio(sum(r["accepted_tokens"] for r in own), sum(r["draft_tokens"] for r in own)),
+        "acceptance": acceptance_rate(sum(r["accepted_tokens"] for r in own), sum(r["draft_tokens"] for r in own)),
         "identical": _ratio(sum(identical), len(identical)),
         "time_to_first_token": statistics.median(r["time_to_first_token"] for r in own),
         "draft_seconds": None if any(r["draft_seconds"] is None for r in own) else sum(r["draft_seconds"] for r in own),
@@ -67,7 +69,7 @@ def cost_figures(rows: list[dict], method: dict, verify_cost: dict[int, float]) 
     steps = sum(r["steps"] for r in own)
     seconds_per_plain_step = sum(r["verify_seconds"] for r in baseline) / max(sum(r["steps"] for r in baseline), 1)
     draft_per_step = sum(r["draft_seconds"] for r in own) / max(steps, 1) / seconds_per_plain_step  # in target forwards
-    acceptance = _ratio(sum(r["accepted_tokens"] for r in own), sum(r["draft_tokens"] for r in own)) or 0.0
+    acceptance = acceptance_rate(sum(r["accepted_tokens"] for r in own), sum(r["draft_tokens"] for r in own)) or 0.0
     k = method["k"] if isinstance(method["k"], int) else None
     draft_cost = draft_per_step / k if k else None
     shares = draft_length_shares(steps, _pooled_counts(own, "drafted_by_position") or [])
@@ -78,7 +80,7 @@ def cost_figures(rows: list[dict], method: dict, verify_cost: dict[int, float]) 
         "draft_forwards_per_step": draft_per_step,
         "verify_cost": verify_cost.get(k) if k is not None else None,
         "draft_length_shares": {str(j): share for j, share in shares.items()},
-        "expected_tokens_per_step": expected_tokens_per_step(acceptance, k) if k else None,
+        "expected_tokens_per_step": expected_tokens([acceptance] * k, k) if k else None,
         "predicted": predicted_speedup(acceptance, k, draft_cost, verify_cost) if k else None,
         "predicted_step_mix": step_mix_speedup(_pooled_tau(own), draft_per_step, shares, verify_cost),
         "achieved_decode": _speedup(rows, method["name"], BASELINE, "decode_tokens_per_second"),
@@ -113,8 +115,7 @@ def _speedup(rows: list[dict], method: str, baseline: str, rate: str) -> dict | 
 
 
 def _pooled_tau(rows: list[dict]) -> float:
-    steps = sum(r["steps"] for r in rows)
-    return (sum(r["accepted_tokens"] for r in rows) + steps) / steps if steps else 1.0
+    return tau(sum(r["accepted_tokens"] for r in rows), sum(r["steps"] for r in rows))
 
 
 def _pooled_counts(rows: list[dict], key: str) -> list[int] | None:
@@ -134,7 +135,7 @@ def _pooled_positions(rows: list[dict]) -> list[float] | None:
     accepted = _pooled_counts(rows, "accepted_by_position")
     if drafted is None or accepted is None:
         return None
-    return [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
+    return acceptance_by_position(accepted, drafted)
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

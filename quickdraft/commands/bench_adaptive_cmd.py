@@ -10,7 +10,8 @@ import torch
 
 from quickdraft.bench import adaptive, adaptive_report
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
-from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES, SpecConfig
+from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list
+from quickdraft.config import DEFAULT_MODEL, SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model_dir
@@ -30,8 +31,10 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})"
     )
-    parser.add_argument("--prompts", required=True, help="Spec-Bench style JSONL file (category, turns)")
-    parser.add_argument("--cases", default="safety,quality", help="safety, quality or both (default safety,quality)")
+    add_prompts_argument(parser, required=True, help="Spec-Bench style prompts (question_id, category, turns)")
+    parser.add_argument(
+        "--cases", default="safety,quality", type=comma_list, help="safety, quality or both (default safety,quality)"
+    )
     parser.add_argument(
         "--per-category", type=int, default=2, help="quality: first N prompts of each category (default 2)"
     )
@@ -48,21 +51,18 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--drafters",
         default="ngram",
+        type=comma_list,
         help="quality: comma-separated drafters, each run alone at every fixed k, "
         "and auto choosing among them per step (default ngram; e.g. ngram,head)",
     )
-    parser.add_argument("--ks", default="1,2,3,4,6,8", help="fixed k values to compare (default 1,2,3,4,6,8)")
+    parser.add_argument(
+        "--ks", default="1,2,3,4,6,8", type=comma_list, help="fixed k values to compare (default 1,2,3,4,6,8)"
+    )
     parser.add_argument("--k-max", type=int, default=8, help="largest k auto may choose (default 8)")
     parser.add_argument(
         "--repeats", type=int, default=1, help="rounds over all prompts and settings; medians are kept (default 1)"
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument(
-        "--runtime", choices=RUNTIMES, default="auto", help="runner of the target and the random draft (default auto)"
-    )
-    parser.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="weights dtype (default auto: the runtime's default)"
-    )
+    add_runtime_arguments(parser, "the target and the random draft")
     parser.add_argument(
         "--out",
         required=True,
@@ -73,13 +73,15 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cases = [c.strip() for c in args.cases.split(",")]
+    cases = args.cases
     if not set(cases) <= {"safety", "quality"}:
-        raise UsageError(f"--cases must name safety and/or quality, got {args.cases!r}")
-    ks = [int(k) for k in args.ks.split(",")]
+        raise UsageError(f"--cases must name safety and/or quality, got {','.join(cases)!r}")
+    if not all(k.isdigit() for k in args.ks):
+        raise UsageError(f"--ks must be non-negative integers, got {','.join(args.ks)!r}")
+    ks = [int(k) for k in args.ks]
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    drafters = [d.strip() for d in args.drafters.split(",")]
+    drafters = args.drafters
     SpecConfig(drafter=",".join(drafters), k="auto", k_max=args.k_max)  # validate before loading models
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list, k_list
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.errors import UsageError
 
@@ -24,7 +25,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--drafters",
         default="none,ngram",
-        type=_comma_list,
+        type=comma_list,
         help=(
             "comma list: none, ngram, head, head:DIR, draft model names/paths, or drafters joined by + "
             "for --k auto to choose between (ngram+head, run at auto only); default none,ngram; "
@@ -32,18 +33,18 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument(
-        "--k",
+        "--ks",
         default="4",
-        type=_k_list,
-        help="comma list of draft lengths, e.g. 1,2,4,8; each drafter runs at each k (default 4)",
+        type=k_list,
+        help="comma list of draft lengths, e.g. 1,2,4,auto; each drafter runs at each k (default 4)",
+    )
+    add_prompts_argument(
+        parser,
+        required=False,
+        help="Spec-Bench style prompts (question_id, category, turns); required unless --from-results",
     )
     parser.add_argument(
-        "--dataset",
-        type=Path,
-        help="JSONL prompts in the Spec-Bench format (question_id, category, turns); required unless --from-results",
-    )
-    parser.add_argument(
-        "--categories", default=None, type=_comma_list, help="comma list of categories to run (default all)"
+        "--categories", default=None, type=comma_list, help="comma list of categories to run (default all)"
     )
     parser.add_argument(
         "--limit", type=int, default=None, help="run the first N prompts of each category (default all)"
@@ -58,25 +59,14 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--peers",
         default=[],
-        type=_comma_list,
-        help="hf: also time transformers' generate (greedy, prompt lookup, assistant)",
+        type=comma_list,
+        help="hf: also time transformers' generate (greedy, prompt lookup, assistant); with --dtype auto every "
+        "method then runs float32, the weights transformers runs",
     )
     parser.add_argument(
         "--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)"
     )
-    parser.add_argument(
-        "--runtime", default="auto", choices=["auto", "native", "hf"], help="quickdraft model runner (default auto)"
-    )
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["auto", "float32", "bfloat16", "int8"],
-        help=(
-            "dtype of the quickdraft runs (default float32: the same weights the transformers peers run; "
-            "auto = native int8)"
-        ),
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_runtime_arguments(parser, "the quickdraft methods")
     parser.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default 0)")
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -118,13 +108,13 @@ def _measure(args: argparse.Namespace) -> dict:
 
     from quickdraft.bench.runner import BenchConfig, run_bench
 
-    if args.dataset is None:
-        raise UsageError("--dataset is required to measure; pass a JSONL prompt file (or --from-results to re-render)")
+    if args.prompts is None:
+        raise UsageError("--prompts is required to measure; pass a JSONL prompt file (or --from-results to re-render)")
     config = BenchConfig(
         model=args.model,
-        dataset=args.dataset,
+        dataset=Path(args.prompts),
         drafters=tuple(args.drafters),
-        ks=tuple(args.k),
+        ks=tuple(args.ks),
         categories=tuple(args.categories) if args.categories else None,
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
@@ -159,15 +149,3 @@ def _output_dir(path: Path) -> Path:
     except OSError as exc:
         raise UsageError(f"cannot create output directory {path}: {exc}; pass a writable --out") from exc
     return path
-
-
-def _comma_list(text: str) -> list[str]:
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list, e.g. none,ngram")
-    return items
-
-
-def _k_list(text: str) -> list[int | str]:
-    """ "1,2,4" -> [1, 2, 4]; words (e.g. "auto") pass through for the engine to accept or refuse."""
-    return [int(item) if item.lstrip("-").isdigit() else item for item in _comma_list(text)]

@@ -6,6 +6,8 @@ import torch
 
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.runtime import run_runtime_bench
+from quickdraft.commands.arguments import add_prompts_argument, comma_list
+from quickdraft.errors import UsageError
 from quickdraft.models.native import NATIVE_DTYPES
 
 BUILT_IN_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -13,21 +15,25 @@ BUILT_IN_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
 def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("bench-runtime", help="decode speed and verification cost v(k) per runtime")
-    parser.add_argument("--models", nargs="+", default=list(BUILT_IN_MODELS), help="built-in names or HF dirs")
+    parser.add_argument(
+        "--models",
+        default=",".join(BUILT_IN_MODELS),
+        type=comma_list,
+        help=f"comma list of built-in names or HF dirs (default {','.join(BUILT_IN_MODELS)})",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; medians are reported")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
         "--dtypes",
-        nargs="*",
         default=[],
-        choices=sorted(NATIVE_DTYPES),
-        help="extra native dtypes to measure besides float32 and the default",
+        type=comma_list,
+        help=f"comma list of native dtypes to measure besides float32 and the default ({','.join(NATIVE_DTYPES)})",
     )
-    parser.add_argument(
-        "--dev-prompts",
-        metavar="JSONL",
-        help="also time n-gram speculation per runner on these "
-        "Spec-Bench style prompts (e.g. ../shared/data/specbench_dev.jsonl)",
+    add_prompts_argument(
+        parser,
+        required=False,
+        help="also time n-gram speculation per runner on these Spec-Bench style prompts "
+        "(e.g. ../shared/data/specbench_dev.jsonl)",
     )
     parser.add_argument(
         "--per-category", type=int, default=1, help="dev prompts per category, in file order (default 1)"
@@ -39,7 +45,10 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    prompts = select_prompts(load_prompts(args.dev_prompts), limit=args.per_category) if args.dev_prompts else []
+    if unknown := [d for d in args.dtypes if d not in NATIVE_DTYPES]:
+        raise UsageError(f"unknown native dtypes {', '.join(unknown)}; choose from {', '.join(NATIVE_DTYPES)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category) if args.prompts else []
     run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens)
     return 0

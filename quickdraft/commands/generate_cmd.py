@@ -4,7 +4,8 @@ import argparse
 import json
 import sys
 
-from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES, SamplingParams, SpecConfig
+from quickdraft.commands.arguments import add_model_arguments
+from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.stats import GenerationStats
@@ -42,64 +43,6 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object {text, stats} instead of streaming")
     parser.set_defaults(func=run)
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --drafter, --k, --runtime, --dtype, --threads: shared by generate, serve and bench."""
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=(
-            f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); "
-            "see `quickdraft models list`"
-        ),
-    )
-    parser.add_argument(
-        "--drafter",
-        default=None,
-        help=(
-            "none, ngram (prompt lookup), head (the draft head shipped for the target), "
-            "head:DIR (one from quickdraft distill), a same-tokenizer draft model name/path, "
-            "or several joined by commas for --k auto, e.g. ngram,head "
-            "(default: ngram, joined under --k auto by the head shipped for the target if there is one)"
-        ),
-    )
-    parser.add_argument(
-        "--k",
-        type=parse_k,
-        default="auto",
-        help=(
-            "draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) "
-            "or a fixed N (default auto)"
-        ),
-    )
-    parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
-    parser.add_argument(
-        "--runtime",
-        default="auto",
-        choices=RUNTIMES,
-        help="model runner: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPES,
-        help=(
-            "weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), "
-            "float32 on hf"
-        ),
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-
-
-def parse_k(text: str) -> int | str:
-    """--k: "auto" or a non-negative integer."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from quickdraft.commands.generate_cmd import add_model_arguments
+from quickdraft.commands.arguments import add_model_arguments
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError

@@ -19,6 +19,7 @@ from quickdraft.drafters.head.files import build_head
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
 from quickdraft.models.loading import LoadedModel
+from quickdraft.stats import acceptance_rate, tau
 
 COST_REPEATS = 100  # interleaved timings of each (cards read c 0.109-0.113 where benchmarks measured 0.079-0.095)
 COST_CONTEXT = 64
@@ -61,8 +62,8 @@ def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_
         "prompts": len(prompts),
         "k": k,
         "generated_tokens": generated,
-        "alpha": round(accepted / max(drafted, 1), 4),
-        "tau": round((accepted + steps) / max(steps, 1), 4),
+        "alpha": round(acceptance_rate(accepted, drafted) or 0.0, 4),
+        "tau": round(tau(accepted, steps), 4),
         "acceptance_by_position": [round(float(a) / max(steps, 1), 4) for a in by_position],
         "speedup": round(base_seconds / max(spec_seconds, 1e-9), 3),
         "identical": identical,

@@ -23,7 +23,7 @@ NATIVE_ARCHITECTURES = LLAMA_FAMILY | GEMMA3_FAMILY
 NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16}
 # The fastest native dtype whose k-token verification forwards equal its own 1-token forwards, so
 # speculation stays exact with respect to the target run in that dtype. Measured with
-# `quickdraft bench-runtime --dtypes bfloat16 int8` (docs/native_runtime.md): int8 weights with
+# `quickdraft bench-runtime --dtypes bfloat16,int8` (docs/native_runtime.md): int8 weights with
 # bfloat16 activations decode fastest and `_weight_int8pack_mm` computes each row independently,
 # so its logits are bit-identical across batch sizes; bfloat16 matmuls are not (logits move by up
 # to ~0.4 between a 5-token and five 1-token forwards on SmolLM2), so greedy ties flip there.

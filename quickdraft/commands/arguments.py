@@ -1,0 +1,94 @@
+"""Arguments several commands share, defined once: the model and speculation flags of `generate` and `serve`,
+and the flags of the three benchmarks.
+
+Benchmark flags follow one rule: a flag that takes several values takes them as one comma list
+(`--ks 1,2,4,auto`, `--drafters none,ngram`, `--models a,b`). Where a list of drafter settings may hold
+drafters joined for `--k auto` to choose between, the join is written with `+` (`--drafters ngram,ngram+head`),
+since the comma separates the list; everywhere else (`generate --drafter`, `serve --drafter`, the server's
+`quickdraft.drafter`) drafters are joined with commas. `--prompts` is always a Spec-Bench style JSONL file and
+`--dtype` defaults to auto (the runtime's default) everywhere.
+"""
+
+import argparse
+
+from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --drafter, --k, --k-max, --runtime, --dtype, --threads: shared by generate and serve."""
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=(
+            f"target: built-in name, HF directory, .gguf file or hub id (default {DEFAULT_MODEL}); "
+            "see `quickdraft models list`"
+        ),
+    )
+    parser.add_argument(
+        "--drafter",
+        default=None,
+        help=(
+            "none, ngram (prompt lookup; ngram:MAX or ngram:MIN-MAX for other suffix sizes than 1-4), "
+            "head (the draft head shipped for the target), head:DIR (one from quickdraft distill), "
+            "a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head "
+            "(default: ngram, joined under --k auto by the head shipped for the target if there is one)"
+        ),
+    )
+    parser.add_argument(
+        "--k",
+        type=parse_k,
+        default="auto",
+        help=(
+            "draft tokens per target forward: auto (chosen each step from measured speed, 0..--k-max) "
+            "or a fixed N (default auto)"
+        ),
+    )
+    parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
+    add_runtime_arguments(parser)
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser, what: str = "the target") -> None:
+    """--runtime, --dtype (default auto) and --threads."""
+    parser.add_argument(
+        "--runtime",
+        default="auto",
+        choices=RUNTIMES,
+        help=f"runner of {what}: native (fast, Llama/Gemma 3), hf (transformers), auto (native when supported)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help=(
+            "weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), "
+            "float32 on hf (default auto)"
+        ),
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def add_prompts_argument(parser: argparse.ArgumentParser, required: bool, help: str) -> None:
+    parser.add_argument("--prompts", metavar="JSONL", required=required, help=help)
+
+
+def parse_k(text: str) -> int | str:
+    """--k: "auto" or a non-negative integer."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
+
+
+def comma_list(text: str) -> list[str]:
+    """ "a, b" -> ["a", "b"]; an empty list is refused."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list, e.g. none,ngram")
+    return items
+
+
+def k_list(text: str) -> list[int | str]:
+    """ "1,2,4" -> [1, 2, 4]; words (e.g. "auto") pass through for the command to accept or refuse."""
+    return [int(item) if item.lstrip("-").isdigit() else item for item in comma_list(text)]
