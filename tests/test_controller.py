@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from quickdraft.acceptance import AcceptanceEstimate, outcomes
-from quickdraft.commands.generate_cmd import parse_k
+from quickdraft.commands.arguments import parse_k
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.controller import AdaptiveController, ControllerMemory, DraftOption, choose
 from quickdraft.costs import DraftCost, TargetCost, expected_tokens
