@@ -8,10 +8,11 @@ import torch
 
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.store import local_model_dir
-from tests.tiny_models import gemma3_config, llama_config, save_tiny_model
+from tests.tiny_models import assert_alive, gemma3_config, llama_config, save_tiny_model
 
 TINY_VOCAB = 320
 LONG_CONTEXT = 4096
+EXACTNESS_TARGETS = ("llama", "gemma3", "llama-corpus")  # tiny targets whose outputs the exactness tests compare
 
 # The machine's two cores; a shared development machine may ask for fewer to avoid oversubscription.
 torch.set_num_threads(int(os.environ.get("QUICKDRAFT_TEST_THREADS", "2")))
@@ -29,13 +30,19 @@ def tiny_dirs(tmp_path_factory):
         ),
         "llama-other": save_tiny_model(root / "llama-other", llama_config(TINY_VOCAB, num_hidden_layers=1), seed=1),
         "gemma3": save_tiny_model(root / "gemma3", gemma3_config(TINY_VOCAB), seed=2),
+        "llama-corpus": save_tiny_model(
+            root / "llama-corpus", llama_config(TINY_VOCAB, initializer_range=0.02), seed=3, train_steps=200
+        ),
     }
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dirs):
-    """The tiny models loaded with the transformers runner."""
-    return {name: load_model_dir(path, runtime="hf", name=name) for name, path in tiny_dirs.items()}
+    """The tiny models loaded with the transformers runner; every target used for exactness is alive."""
+    models = {name: load_model_dir(path, runtime="hf", name=name) for name, path in tiny_dirs.items()}
+    for name in EXACTNESS_TARGETS:
+        assert_alive(models[name])
+    return models
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,23 @@ def test_rejection_never_recovers_the_rejected_point_mass_token():
         assert verdict.tokens in ((0, 0), (1,))
 
 
+def test_a_rejection_at_the_second_position_draws_from_that_positions_residual():
+    """Position 1 is accepted for certain, position 2 rejected for certain. That position's residual,
+    max(0, target - draft) with target [a 0.5, b 0.5] and draft [a 0.5, d 0.5], is all on b; a residual taken
+    from position 1's draft row (a point mass elsewhere) would give a half the time."""
+    a, b, d1, d2 = 0, 1, 2, 3
+    draft = torch.tensor([d1, d2])
+    draft_probs = torch.zeros(2, VOCAB)
+    draft_probs[0, d1] = 1.0
+    draft_probs[1, a] = draft_probs[1, d2] = 0.5
+    target = torch.zeros(3, VOCAB)
+    target[0, d1] = 1.0
+    target[1, a] = target[1, b] = 0.5
+    target[2, a] = 1.0
+    for seed in range(100):
+        assert rejection_sample(draft, draft_probs, target, torch.Generator().manual_seed(seed)) == Verdict(1, (d1, b))
+
+
 # ---- tier 2: exact algebra of the rule ---------------------------------------------------------
 
 

@@ -1,4 +1,10 @@
-"""Tiny random-weight models with a real (trained-in-process) tokenizer, saved as HF directories."""
+"""Tiny models with a real (trained-in-process) tokenizer, saved as HF directories.
+
+Random-weight models whose greedy output is varied and depends on the whole context (a model that
+repeats one token whatever it reads cannot expose a cache, rollback, position or window bug), and
+one trained for a few seconds on the corpus, which continues corpus text: its output copies its
+context, so n-gram drafts get accepted as well as rejected. `assert_alive` checks a model is so.
+"""
 
 from pathlib import Path
 
@@ -67,16 +73,53 @@ def gemma3_config(vocab_size: int, **overrides) -> Gemma3TextConfig:
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=2,
+        tie_word_embeddings=False,  # tied, the random model's output is its input token, repeated
     )
     fields.update(overrides)
     return Gemma3TextConfig(**fields)
 
 
-def save_tiny_model(directory: Path, config, seed: int = 0) -> Path:
-    """Random weights from `config` plus the test tokenizer, saved as safetensors."""
+def save_tiny_model(directory: Path, config, seed: int = 0, train_steps: int = 0) -> Path:
+    """Random weights from `config` (trained `train_steps` steps on the corpus) plus the test tokenizer."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if train_steps:
+        train_on_corpus(model, build_tokenizer(config.vocab_size), train_steps, seed)
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(directory, safe_serialization=True)
     build_tokenizer(config.vocab_size).save_pretrained(directory)
     return directory
+
+
+def train_on_corpus(model, tokenizer, steps: int, seed: int, window: int = 48) -> None:
+    """Adam on random windows of the corpus, repeated: a model that continues the corpus's text."""
+    ids = torch.tensor(tokenizer("\n".join(CORPUS * 2))["input_ids"])  # [tokens]
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - window, (8,), generator=generator)
+        batch = torch.stack([ids[start : start + window] for start in starts])  # [8, window]
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+ALIVE_PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):", "café 東京"]
+
+
+def assert_alive(model, tokens: int = 24, min_distinct: int = 12) -> None:
+    """Greedy outputs of a LoadedModel's runner on ALIVE_PROMPTS: each varied, and all different."""
+    outputs = []
+    for prompt in ALIVE_PROMPTS:
+        ids = model.tokenizer(prompt)["input_ids"]
+        logits = model.runner.prefill(ids)
+        generated = []
+        for _ in range(tokens):
+            generated.append(int(logits.argmax()))
+            logits = model.runner.forward(generated[-1:])[-1]
+        outputs.append(tuple(generated))
+        assert len(set(generated)) >= min_distinct, f"{model.info.name} repeats itself on {prompt!r}: {generated}"
+    assert len(set(outputs)) == len(outputs), f"{model.info.name} writes the same whatever the prompt"
