@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 DEMO_PROMPT ?= Rewrite this paragraph in the past tense: Every morning I walk to the market. I buy fresh bread, cheese and fruit. I talk with the baker about the weather and the news. Then I walk home along the river, watch the boats, and cook breakfast for my family.
 
-.PHONY: setup demo lint test clean
+.PHONY: setup demo lint test mutants clean
 
 setup: $(INSTALLED)
 
@@ -29,6 +29,10 @@ lint: $(INSTALLED)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Deliberate bugs, one at a time: the tests that guard each promise must fail (docs/testing.md).
+mutants: $(INSTALLED)
+	$(BIN)/python scripts/mutants.py
 
 clean:
 	rm -rf $(VENV)
