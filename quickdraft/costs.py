@@ -2,7 +2,7 @@
 
 Derived in `docs/cost_model.md`. For a step that drafts k tokens (so the target is fed n = k + 1):
 
-    t(n)   seconds of one target step over n fed tokens (verification and rollback included)
+    t(n)   seconds of one target step over n fed tokens (the engine's: forward, verification, rollback)
     v(k)   t(k + 1) / t(1): what verifying k drafts costs, in plain decoding steps; v(0) = 1
     c      drafting seconds per drafted token / t(1)
     a_i    acceptance at draft position i given positions 1..i-1 were accepted
@@ -113,8 +113,11 @@ def time_forwards(
     min_rounds: int,
     max_rounds: int | None = None,
     min_seconds: float = 0.0,
+    with_rollback: bool = False,
 ) -> dict[int, float]:
-    """Median seconds of a target forward over n new tokens after `context_ids`, for each n in `sizes`.
+    """Median seconds of a target forward over n new tokens after `context_ids`, for each n in `sizes` (with
+    the rollback after it when `with_rollback`: the engine's step pays both; the benchmarks' v(k) times the
+    forward alone).
 
     The context is prefilled once (the cache is left holding it). Each size runs once untimed (first calls
     allocate; kernels pick their plans per shape), then in interleaved rounds, so drifting load hits every size
@@ -128,8 +131,9 @@ def time_forwards(
     def forward(n: int) -> float:
         started = time.perf_counter()
         runner.forward(filler[:n])
+        forwarded = time.perf_counter()
         runner.rollback(context)
-        return time.perf_counter() - started
+        return (time.perf_counter() if with_rollback else forwarded) - started
 
     for n in sizes:
         forward(n)
@@ -156,6 +160,7 @@ def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
         min_rounds=CALIBRATION_REPEATS,
         max_rounds=CALIBRATION_MAX_REPEATS,
         min_seconds=CALIBRATION_SECONDS,
+        with_rollback=True,
     )
     return TargetCost(list(seconds.values()))
 

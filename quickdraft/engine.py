@@ -27,7 +27,7 @@ from quickdraft.controller import AdaptiveController, Controller, ControllerMemo
 from quickdraft.costs import calibrate_drafter, calibrate_target
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.defaults import default_drafter
-from quickdraft.drafters.registry import make_drafter
+from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
@@ -107,6 +107,8 @@ class Engine:
         """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: `default_drafter` for
         the target), and calibrate costs for k="auto"."""
         spec = SpecConfig(drafter=drafter or "ngram", k=k, k_max=k_max)  # checked before the slow load
+        for name in spec.drafters:
+            check_name(name)
         if config.threads:
             torch.set_num_threads(config.threads)
         target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)

@@ -2,7 +2,7 @@
 
 `tau`, `acceptance_rate` and `acceptance_by_position` are what every report means by those words: the
 engine's stats, the server's `speculation` field, the benchmarks (pooled over generations) and the head
-cards.
+cards (which also give the share of steps accepting each position, under its own name).
 """
 
 from dataclasses import dataclass, field

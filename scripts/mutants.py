@@ -2,13 +2,14 @@
 
     python scripts/mutants.py            # every mutant (what `make mutants` runs)
     python scripts/mutants.py --list     # their names
-    python scripts/mutants.py rollback-off-by-one ngram-shifted-by-one
+    python scripts/mutants.py rollback-off-by-one ngram-proposal-shifted-by-one
 
 Each mutant replaces one exact piece of code (which must occur exactly once, so a mutant whose code
 has moved fails loudly instead of testing nothing) in a copy of the checkout, then runs the tests
-that guard that promise, stopping at the first failure. A mutant is killed when they fail; one that
-survives is a missing test. Exit status 1 when any survives. `docs/testing.md` says which test
-guards which promise.
+that guard that promise, stopping at the first failure. First, every selection of tests runs once on
+the unmutated copy and must pass: a mutant is killed only when a test *fails* with it (pytest's exit
+status 1), never by a test that cannot run at all. One that survives is a missing test. Exit status
+1 when any survives. `docs/testing.md` says which test guards which promise.
 """
 
 import argparse
@@ -46,7 +47,7 @@ MUTANTS = [
         "quickdraft/verify.py",
         "residual_distribution(target_probs[num_accepted], draft_probs[num_accepted])",
         "residual_distribution(target_probs[num_accepted], draft_probs[max(num_accepted - 1, 0)])",
-        ("tests/test_verify.py", "tests/test_exactness.py", "-k", "sampled or law"),
+        ("tests/test_verify.py", "tests/test_exactness.py", "-k", "residual or sampled or law"),
     ),
     Mutant(
         "draft-probs-left-unwarped",
@@ -88,7 +89,7 @@ MUTANTS = [
         "quickdraft/drafters/head/drafter.py",
         "return int(self.vocab_ids[logits.argmax()]), None",
         "return int(self.vocab_ids[(logits.argmax() + 1) % len(self.vocab_ids)]), None",
-        ("tests/test_head.py",),
+        ("tests/test_head.py", "-k", "vocabulary_map"),
     ),
 ]
 
@@ -105,6 +106,27 @@ def copy_checkout(destination: Path) -> None:
             shutil.copy2(source, destination / relative)
 
 
+def pytest_status(copy: Path, tests: tuple[str, ...]) -> int:
+    """pytest's exit status for `tests` in the copy (its own package, not the installed checkout)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=copy,
+        env={**os.environ, "PYTHONPATH": str(copy)},
+        capture_output=True,
+        text=True,
+    )
+    return result.returncode
+
+
+def check_controls(mutants: list[Mutant]) -> None:
+    """Every selection of tests passes on the unmutated checkout (else a 'kill' would mean nothing)."""
+    with tempfile.TemporaryDirectory(prefix="mutant-control-") as scratch:
+        copy_checkout(Path(scratch))
+        for tests in dict.fromkeys(mutant.tests for mutant in mutants):
+            if (status := pytest_status(Path(scratch), tests)) != 0:
+                sys.exit(f"without any mutant, pytest {' '.join(tests)} exits {status}; fix that first")
+
+
 def run(mutant: Mutant) -> tuple[bool, float]:
     """(killed, seconds) for one mutant, tested in a fresh copy of the checkout."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
@@ -112,23 +134,14 @@ def run(mutant: Mutant) -> tuple[bool, float]:
         copy_checkout(copy)
         target = copy / mutant.path
         source = target.read_text()
-        if source.count(mutant.before) != 1:
-            sys.exit(
-                f"mutant {mutant.name}: {mutant.path} holds its code {source.count(mutant.before)} times; update it"
-            )
+        if (count := source.count(mutant.before)) != 1:
+            sys.exit(f"mutant {mutant.name}: {mutant.path} holds its code {count} times; update the mutant")
         target.write_text(source.replace(mutant.before, mutant.after))
-        env = {**os.environ, "PYTHONPATH": str(copy)}  # the copy's package, not the installed checkout
         started = time.perf_counter()
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
-            cwd=copy,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode == 5:
-            sys.exit(f"mutant {mutant.name}: its tests {' '.join(mutant.tests)} select nothing; update them")
-        return result.returncode != 0, time.perf_counter() - started
+        status = pytest_status(copy, mutant.tests)
+        if status not in (0, 1):
+            sys.exit(f"mutant {mutant.name}: pytest exits {status}, not a test failure; fix the mutant or its tests")
+        return status == 1, time.perf_counter() - started
 
 
 def main() -> int:
@@ -142,14 +155,15 @@ def main() -> int:
         return 0
     if unknown := [name for name in args.names if name not in by_name]:
         parser.error(f"unknown mutants {', '.join(unknown)}; see --list")
+    chosen = [by_name[name] for name in args.names] or MUTANTS
+    check_controls(chosen)
     survivors = []
-    for mutant in [by_name[name] for name in args.names] or MUTANTS:
+    for mutant in chosen:
         killed, seconds = run(mutant)
         print(f"{'killed  ' if killed else 'SURVIVED'} {mutant.name} ({seconds:.0f} s)", flush=True)
         if not killed:
             survivors.append(mutant.name)
-    ran = len(args.names) or len(MUTANTS)
-    print(f"{len(survivors)} of {ran} mutants survived" + (": each is a missing test" if survivors else ""))
+    print(f"{len(survivors)} of {len(chosen)} mutants survived" + (": each is a missing test" if survivors else ""))
     return 1 if survivors else 0
 
 

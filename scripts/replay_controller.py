@@ -65,7 +65,7 @@ def main() -> None:
         for index, prompt in enumerate(prompts):
             output = outputs[index]
             if len(output) > 1:
-                steps = replay(encoded[index], output, k, memory, tokenizer, k_max=len(v) - 1)
+                steps = replay(encoded[index], output, k, memory, tokenizer)
                 cost[prompt.category] += sum(v[drafted] for drafted in steps)
                 tokens[prompt.category] += len(output) - 1
         cost["overall"], tokens["overall"] = sum(cost.values()), sum(tokens.values())

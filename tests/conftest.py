@@ -20,8 +20,9 @@ torch.set_num_threads(int(os.environ.get("QUICKDRAFT_TEST_THREADS", "2")))
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """Saved tiny models: two Llama targets with different seeds, the first again with a long context (so a server
-    request can run for seconds), and a Gemma 3 with a short sliding window."""
+    """Saved tiny models: a random Llama target, again with a long context (so a server request can run for
+    seconds), an unrelated random 1-layer Llama (a draft that rarely agrees), a random Gemma 3 with a short
+    sliding window, and a Llama trained on the corpus (its output copies its context: n-gram drafts accepted)."""
     root = tmp_path_factory.mktemp("tiny")
     return {
         "llama": save_tiny_model(root / "llama", llama_config(TINY_VOCAB), seed=0),

@@ -128,7 +128,7 @@ def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
 
     def trainer(epochs):
         torch.manual_seed(0)
-        head = build_head(HeadConfig.like_target(target.runner.model.config), target, vocab_ids)
+        head = build_head(HeadConfig.like_target(target.config), target, vocab_ids)
         return Trainer(
             HeadObjective(head, replace(config, epochs=epochs)),
             train,

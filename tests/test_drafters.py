@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters import registry
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.draft_model import check_vocab_compatible
 from quickdraft.drafters.ngram import NgramDrafter
@@ -73,7 +74,7 @@ def test_a_request_with_other_ngram_sizes_drafts_with_those_sizes(tiny_models):
     assert trigram.token_ids == default.token_ids
 
 
-def test_a_plug_in_kind_is_built_by_name_and_inherits_the_capability_defaults(tiny_models):
+def test_a_plug_in_kind_is_built_by_name_and_inherits_the_capability_defaults(tiny_models, monkeypatch):
     class Repeat(Drafter):
         """Proposes the last token again, k times."""
 
@@ -86,6 +87,7 @@ def test_a_plug_in_kind_is_built_by_name_and_inherits_the_capability_defaults(ti
         def propose(self, context_ids, k):
             return Draft(token_ids=(context_ids[-1],) * k)
 
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # the plug-in stays in this test
     register_drafter("repeat", lambda argument, target, options: Repeat(argument), loads_model=False)
     drafter = make_drafter("repeat:2", tiny_models["llama"], DrafterLoadOptions())
     assert drafter.name == "repeat:2" and not drafter.lookup_only and not drafter.needs_target_hidden

@@ -43,6 +43,11 @@ PROMPTS = {
 DRAFTERS = ["ngram", "self", "other", "head", "auto"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _targets_are_alive(tiny_models):
+    """The `tiny_models` fixture checks every target here is alive (also when this file runs alone)."""
+
+
 @functools.cache
 def _transformers_model(path) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

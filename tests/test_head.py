@@ -103,6 +103,30 @@ def test_adaptive_controller_with_head_and_ngram_keeps_greedy_output(tiny_models
         assert engine.generate(prompt, GREEDY).token_ids == baseline.generate(prompt, GREEDY).token_ids, prompt
 
 
+def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_models):
+    """Each greedy draft token is vocab_ids[argmax of the head's draft logits], recomputed here from the head's
+    own step over the same pairs (a map off by one still drafts exact output, only slower, so greedy equality
+    cannot see it)."""
+    target = tiny_models["llama"]
+    vocab_ids = torch.randperm(target.info.vocab_size, generator=torch.Generator().manual_seed(0))[:150]
+    head = random_head(target, vocab_ids)
+    drafter = HeadDrafter(head, target.info.vocab_size, "h")
+    prompt = Engine(target).encode("Once upon a time")
+    logits, hidden = target.runner.prefill(prompt, return_hidden=True)  # [vocab], [prompt, d]
+    context = prompt + [int(logits.argmax())]
+    drafter.begin(prompt, SamplingParams(), torch.Generator())
+    drafter.observe_target(hidden)
+    draft = drafter.propose(context, 3)
+    with torch.inference_mode():
+        cache = HeadCache()
+        predicted = head.step(hidden, torch.tensor(context[1:]), cache)[-1]  # [d]
+        expected = []
+        for _ in range(3):
+            expected.append(int(vocab_ids[head.draft_logits(predicted).argmax()]))
+            predicted = head.step(predicted[None], torch.tensor(expected[-1:]), cache)[-1]
+    assert draft.token_ids == tuple(expected)
+
+
 def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models):
     target = tiny_models["llama"]
     vocab_ids = torch.arange(10, 200)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "quickdraft"
 LAYERS = [
+    ("quickdraft",),  # the package's __init__: lazy re-exports only
     ("quickdraft.errors", "quickdraft.verify", "quickdraft.stats", "quickdraft.acceptance"),
     ("quickdraft.config", "quickdraft.text"),
     ("quickdraft.models", "quickdraft.sampling"),
@@ -38,12 +39,19 @@ def module_name(path: Path, package: Path = PACKAGE) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def quickdraft_imports(path: Path) -> set[str]:
-    """Every quickdraft module `path` imports, at the top or inside a function."""
+def quickdraft_imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """Every quickdraft module `path` imports, at the top or inside a function: `import quickdraft.x`,
+    `from quickdraft.x import y`, `from quickdraft import x` (as quickdraft.x) and relative imports."""
+    here = module_name(path, package).split(".")
+    if path.name != "__init__.py":
+        here = here[:-1]  # the package the module is in
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # a name or a submodule: unit() cuts it
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {name for name in found if name.startswith("quickdraft.")}
@@ -54,7 +62,7 @@ def upward_imports(package: Path) -> list[str]:
     upward = []
     for path in sorted(package.rglob("*.py")):
         importer = unit(module_name(path, package))
-        for imported in quickdraft_imports(path):
+        for imported in quickdraft_imports(path, package):
             if unit(imported) != importer and RANK[importer] <= RANK[unit(imported)]:
                 upward.append(f"{module_name(path, package)} -> {imported}")
     return upward
@@ -80,8 +88,10 @@ def test_the_check_sees_an_upward_import_and_one_between_tools(tmp_path):
     with (package / "drafters" / "base.py").open("a") as file:
         file.write("\nfrom quickdraft.distill.train import Trainer\n")
     with (package / "server" / "app.py").open("a") as file:
-        file.write("\nimport quickdraft.bench.runner\n")
-    assert upward_imports(package) == [
-        "quickdraft.drafters.base -> quickdraft.distill.train",
+        file.write("\nimport quickdraft.bench.runner\nfrom quickdraft import engine\nfrom ..bench import report\n")
+    assert set(upward_imports(package)) >= {
+        "quickdraft.drafters.base -> quickdraft.distill.train.Trainer",
         "quickdraft.server.app -> quickdraft.bench.runner",
-    ]
+        "quickdraft.server.app -> quickdraft.bench.report",
+    }
+    assert "quickdraft.server.app -> quickdraft.engine" not in upward_imports(package)  # downward: allowed

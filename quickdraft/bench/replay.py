@@ -57,11 +57,13 @@ class RecordedTarget:
 
     def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
         """The prompt's last row; free (the replay prices decode steps only)."""
+        _no_states(return_hidden)
         self._length = 0
         return self._rows(token_ids)[-1]
 
     def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
         """One-hot rows [n, vocab] at the recorded tokens after positions cache_length..; costs t(n)."""
+        _no_states(return_hidden)
         self._clock.advance(self._cost.seconds(len(token_ids)))
         return self._rows(token_ids)
 
@@ -87,19 +89,25 @@ class RecordedTarget:
         return []
 
 
+def _no_states(return_hidden: bool) -> None:
+    if return_hidden:
+        raise InternalError("a recorded target has no hidden states; replay drafters that read none")
+
+
 def replay(
     prompt_ids: list[int],
     output: Sequence[int],
     k: int | None,
     memory: ControllerMemory,
     tokenizer: PreTrainedTokenizerBase,
-    k_max: int = 8,
 ) -> list[int]:
     """Draft tokens per step (as `GenerationStats.k_per_step`) of the engine decoding `output` after `prompt_ids`.
 
-    k: a fixed k, or None for the adaptive controller (up to `k_max`), whose costs and carried acceptance are
-    `memory`; its target cost model also prices every step. `tokenizer` is the one the output was written with.
+    k: a fixed k, or None for the adaptive controller (up to the largest k the cost model prices), whose costs
+    and carried acceptance are `memory`; its target cost model also prices every step. `tokenizer` is the one
+    the output was written with.
     """
+    k_max = memory.target.max_tokens - 1  # so the engine never recalibrates: the memory covers every size
     clock = VirtualClock()
     runner = RecordedTarget([*prompt_ids, *output], memory.target, clock)
     target = LoadedModel(runner, tokenizer, PretrainedConfig())  # a stand-in: no checkpoint behind it

@@ -87,7 +87,8 @@ def _header(results: dict) -> str:
             f"- versions: python {meta['versions']['python']}, torch {meta['versions']['torch']}, transformers "
             f"{meta['versions']['transformers']}; quickdraft commit {git['commit'] or 'unknown'}"
             f"{' (uncommitted changes)' if git['dirty'] else ''}; "
-            f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), dtype {config['dtype']}",
+            f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), "
+            f"dtype {config.get('run_dtype', config['dtype'])}",
             f"- run: {meta['started_at']} to {meta['finished_at']}",
             "",
             "Speedup = mean over prompts of tokens/s (new tokens / wall time of the whole generation, prefill "

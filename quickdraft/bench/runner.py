@@ -29,6 +29,7 @@ from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.costs import relative_costs, time_forwards
 from quickdraft.drafters.base import DrafterLoadOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.registry import check_name
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model_dir
@@ -80,7 +81,9 @@ class BenchConfig:
                     f"{drafter} joins drafters for --k auto to choose between; add auto to --ks, e.g. --ks 4,auto"
                 )
             for k in ks_for(drafter, self.ks):
-                SpecConfig(drafter=engine_drafter(drafter), k=k)  # validates k before any model loads
+                spec = SpecConfig(drafter=engine_drafter(drafter), k=k)  # validates k before any model loads
+                for name in spec.drafters:
+                    check_name(name)
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
 
 
@@ -111,7 +114,12 @@ def run_bench(config: BenchConfig) -> dict:
     )
     return {
         "meta": meta,
-        "config": {**asdict(config), "dataset": str(config.dataset), "model_dir": str(model_dir)},
+        "config": {
+            **asdict(config),
+            "dataset": str(config.dataset),
+            "model_dir": str(model_dir),
+            "run_dtype": config.run_dtype,
+        },
         "prompts": [_prompt_entry(i, p, ids) for i, (p, ids) in enumerate(zip(prompts, encoded))],
         "methods": [{"name": m.name, "family": m.family, "drafter": m.drafter, "k": m.k} for m in methods],
         "cost_context_tokens": len(cost_context),

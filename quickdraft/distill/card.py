@@ -67,7 +67,7 @@ def render(facts: Facts) -> str:
         f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau "
         f"| {engine['tau']:.2f} |",
         f"| engine: alpha / accepted per step by position "
-        f"| {engine['alpha']:.3f} / {_numbers(engine['acceptance_by_position'])} |",
+        f"| {engine['alpha']:.3f} / {_numbers(engine['accepted_per_step_by_position'])} |",
         f"| engine: speedup over the target alone (same process) "
         f"| {engine['speedup']:.2f}x, outputs identical: {engine['identical']} |",
         f"| c: head step (int8 form) / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",

@@ -64,7 +64,7 @@ def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_
         "generated_tokens": generated,
         "alpha": round(acceptance_rate(accepted, drafted) or 0.0, 4),
         "tau": round(tau(accepted, steps), 4),
-        "acceptance_by_position": [round(float(a) / max(steps, 1), 4) for a in by_position],
+        "accepted_per_step_by_position": [round(float(a) / max(steps, 1), 4) for a in by_position],
         "speedup": round(base_seconds / max(spec_seconds, 1e-9), 3),
         "identical": identical,
         "cost_ratio": round(cost_ratio(target, engine.drafter(engine.spec.drafter).head), 4),

@@ -64,7 +64,7 @@ def parse_sizes(argument: str) -> tuple[int, int]:
     """(min_n, max_n) from "" (the defaults), "MAX" or "MIN-MAX"; UsageError for anything else."""
     if not argument:
         return DEFAULT_MIN_N, DEFAULT_MAX_N
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)", argument)
+    match = re.fullmatch(r"(?:([1-9]\d*)-)?([1-9]\d*)", argument)
     min_n, max_n = (int(match[1] or DEFAULT_MIN_N), int(match[2])) if match else (0, 0)
     if not 1 <= min_n <= max_n <= MAX_N_LIMIT:
         raise UsageError(

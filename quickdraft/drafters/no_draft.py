@@ -14,9 +14,13 @@ class NoDrafter(Drafter):
 
     @classmethod
     def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "NoDrafter":
+        cls.check_argument(argument)
+        return cls()
+
+    @staticmethod
+    def check_argument(argument: str) -> None:
         if argument:
             raise UsageError(f"the none drafter takes no options, got none:{argument}; use none")
-        return cls()
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         pass

@@ -3,8 +3,8 @@
 A drafter name is `KIND` or `KIND:ARGUMENT`; the argument is the kind's own business (n-gram
 sizes, a head directory). A name that is no kind is a draft model's name or path. Each kind
 says whether building it loads files or a model (`loads_model`): a server lets a request name
-only kinds that load nothing, besides the drafters it loaded itself, so request content never
-names a file.
+only kinds that load nothing, besides its own drafter setting, so request content never names a
+file. `check_name` refuses bad options before any model loads.
 
 Built-in kinds are listed once, in `BUILTIN_KINDS`; `register_drafter` adds a plug-in kind.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from quickdraft.drafters.base import Drafter, DrafterLoadOptions
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.head.drafter import HeadDrafter
-from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.drafters.ngram import NgramDrafter, parse_sizes
 from quickdraft.drafters.no_draft import NoDrafter
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
@@ -30,11 +30,12 @@ class DrafterKind:
 
     build: DrafterFactory
     loads_model: bool  # building it reads files or loads a model (never on a request's say-so)
+    check: Callable[[str], object] = lambda argument: None  # raises UsageError for a bad argument, loading nothing
 
 
 BUILTIN_KINDS: dict[str, DrafterKind] = {
-    "none": DrafterKind(NoDrafter.from_argument, loads_model=False),
-    "ngram": DrafterKind(NgramDrafter.from_argument, loads_model=False),
+    "none": DrafterKind(NoDrafter.from_argument, loads_model=False, check=NoDrafter.check_argument),
+    "ngram": DrafterKind(NgramDrafter.from_argument, loads_model=False, check=parse_sizes),
     "head": DrafterKind(HeadDrafter.from_argument, loads_model=True),
     MODEL_KIND: DrafterKind(DraftModelDrafter.from_argument, loads_model=True),
 }
@@ -61,6 +62,12 @@ def parse_name(name: str) -> tuple[str, str]:
 def loads_model(name: str) -> bool:
     """True when building the drafter `name` reads files or loads a model."""
     return _KINDS[parse_name(name)[0]].loads_model
+
+
+def check_name(name: str) -> None:
+    """Refuse (UsageError) a drafter name whose options its kind cannot parse, before anything loads."""
+    kind, argument = parse_name(name)
+    _KINDS[kind].check(argument)
 
 
 def make_drafter(name: str, target: LoadedModel, options: DrafterLoadOptions) -> Drafter:

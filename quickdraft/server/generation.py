@@ -91,8 +91,8 @@ def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
         return engine.spec
     if options.drafter is not None and not _may_request(options.drafter, engine):
         raise invalid(
-            f"quickdraft.drafter must be one of none, ngram, ngram:MIN-MAX or this server's {engine.spec.drafter}, "
-            f"got {options.drafter!r}",
+            "quickdraft.drafter must be one of none, ngram, ngram:MAX, ngram:MIN-MAX or this server's "
+            f"{engine.spec.drafter}, got {options.drafter!r}",
             param="quickdraft.drafter",
         )
     drafter = options.drafter

@@ -4,7 +4,7 @@ Drafting one token reads every weight of the head once: the reduced-vocabulary o
 (draft_vocab x d) dominate, then the layer's projections. In float32 that traffic made a head
 step a large fraction of the default (int8) target's one-token forward; the same per-row int8
 kernel the native runner uses (`_weight_int8pack_mm`, CPU only) reads a quarter of the bytes.
-A head's card reports the measured ratio c (`evaluation.cost_ratio`).
+A head's card reports the measured ratio c (`quickdraft.distill.evaluation.cost_ratio`).
 Norms, rotary and attention stay float32; only the matrix products change precision.
 
 Exactness does not depend on this: the verifier checks every draft token against the target, and
