@@ -111,6 +111,7 @@ def test_rule_edge_cases():
 
 K = 3
 TRIALS = 12000
+MIN_SAMPLES = 200  # tokens at a position for its chi-square test; fewer is an error, never a skip
 
 
 def draw_outputs(sampler, target_probs, draft_probs, point_mass: bool, seed: int) -> list[list[int]]:
@@ -129,8 +130,7 @@ def positions_failing_chi_square(by_position, target_probs, alpha=1e-4) -> list[
     """Draft positions whose emitted tokens do not follow the target distribution there."""
     failing = []
     for position, tokens in enumerate(by_position):
-        if len(tokens) < 200:
-            continue
+        assert len(tokens) >= MIN_SAMPLES, f"position {position} got {len(tokens)} samples: it would go untested"
         expected = target_probs[position].double()
         support = expected > 0
         counts = torch.bincount(torch.tensor(tokens), minlength=VOCAB).double()
@@ -177,9 +177,30 @@ def test_rejection_sampler_follows_target_at_every_position(seed):
 
 
 def test_point_mass_drafts_follow_target():
-    target, draft = distributions(3)
-    by_position = draw_outputs(rejection_sample, target, draft, point_mass=True, seed=3)
+    """Drafts drawn from the target itself but handed over as point masses: each position is accepted with
+    probability sum(p^2), often enough that the bonus position gets its own test."""
+    target, _ = distributions(3)
+    by_position = draw_outputs(rejection_sample, target, target[:K], point_mass=True, seed=3)
     assert positions_failing_chi_square(by_position, target) == []
+
+
+def bonus_from_the_last_draft_row(draft_ids, draft_probs, target_probs, generator) -> Verdict:
+    """Wrong only at the bonus position: when every draft is accepted, the bonus comes from the last draft
+    position's target row instead of the row after it."""
+    verdict = rejection_sample(draft_ids, draft_probs, target_probs, generator)
+    if verdict.num_accepted < len(draft_ids):
+        return verdict
+    bonus = int(torch.multinomial(target_probs[len(draft_ids) - 1], 1, generator=generator))
+    return Verdict(verdict.num_accepted, verdict.tokens[:-1] + (bonus,))
+
+
+def target_instead_of_the_last_residual(draft_ids, draft_probs, target_probs, generator) -> Verdict:
+    """Wrong only at the last draft position: a rejection there recovers from the target, not the residual."""
+    verdict = rejection_sample(draft_ids, draft_probs, target_probs, generator)
+    if verdict.num_accepted != len(draft_ids) - 1:
+        return verdict
+    last = int(torch.multinomial(target_probs[len(draft_ids) - 1], 1, generator=generator))
+    return Verdict(verdict.num_accepted, verdict.tokens[:-1] + (last,))
 
 
 @pytest.mark.parametrize("wrong_sampler", [always_accept, accept_by_draft_ratio])
@@ -187,3 +208,12 @@ def test_negative_control_wrong_samplers_fail(wrong_sampler):
     target, draft = distributions(0)
     by_position = draw_outputs(wrong_sampler, target, draft, point_mass=False, seed=0)
     assert positions_failing_chi_square(by_position, target) != []
+
+
+@pytest.mark.parametrize(
+    "wrong_sampler, wrong_position", [(bonus_from_the_last_draft_row, K), (target_instead_of_the_last_residual, K - 1)]
+)
+def test_controls_wrong_only_at_a_late_position_fail_exactly_there(wrong_sampler, wrong_position):
+    target, draft = distributions(0)
+    by_position = draw_outputs(wrong_sampler, target, draft, point_mass=False, seed=0)
+    assert positions_failing_chi_square(by_position, target) == [wrong_position]
