@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from quickdraft.cli import build_parser, main
 from quickdraft.commands.distill_cmd import options_from
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.distill import data as data_module
 from quickdraft.distill.data import AnswerConfig, default_writer_dtype, generate_shards, int8_rounded, load_shards
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.prompts import drop_evaluation_prompts, load_training_prompts, specbench_turns
@@ -86,7 +87,9 @@ def test_trained_head_beats_an_untrained_one_on_its_training_distribution(distil
     assert trained_metrics["tau"] > untrained_metrics["tau"] + 0.5
 
 
-def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(distilled):
+def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(distilled, monkeypatch):
+    """Resuming writes only the missing shards and trains only the missing steps (a restart from scratch would
+    write every shard again, identical bytes and all, and retrain every step)."""
     options, out = distilled
     with pytest.raises(UsageError, match="--resume"):
         distill(options)
@@ -94,6 +97,19 @@ def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(di
     first_shard = (out / "data" / manifest["shards"][0]["file"]).read_bytes()
     steps_before = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]["step"]
     more = replace(options, resume=True, tokens=options.tokens + 300, training=replace(TINY_TRAINING, epochs=22))
+    calls = {"shards": 0, "steps": 0}
+    write_shard, train_step = data_module.answer_chunk, Trainer._train_step
+
+    def counted_shard(*args, **kwargs):
+        calls["shards"] += 1
+        return write_shard(*args, **kwargs)
+
+    def counted_step(self, examples):
+        calls["steps"] += 1
+        return train_step(self, examples)
+
+    monkeypatch.setattr(data_module, "answer_chunk", counted_shard)
+    monkeypatch.setattr(Trainer, "_train_step", counted_step)
     distill(more)
     resumed = json.loads((out / "data" / "manifest.json").read_text())
     assert len(resumed["shards"]) > len(manifest["shards"])
@@ -102,6 +118,7 @@ def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(di
     assert sum(s["answer_tokens"] for s in resumed["shards"]) >= more.tokens
     state = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]
     assert state["step"] > steps_before
+    assert calls == {"shards": len(resumed["shards"]) - len(manifest["shards"]), "steps": state["step"] - steps_before}
 
 
 def test_complete_data_is_not_regenerated_and_loads_no_writer(distilled):

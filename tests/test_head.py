@@ -11,6 +11,8 @@ from scipy.stats import chisquare
 
 from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.controller import ControllerMemory
+from quickdraft.costs import DraftCost, TargetCost
 from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.head import drafter as head_drafters
 from quickdraft.drafters.head.drafter import HeadDrafter
@@ -93,14 +95,22 @@ def test_greedy_output_identical_with_head_drafter(tiny_models, arch, k, int8):
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_adaptive_controller_with_head_and_ngram_keeps_greedy_output(tiny_models, arch):
-    """k=auto calibrates the head on real target states and feeds it states on every step, drafting or not."""
+    """k=auto feeds the head target states on every step, drafting or not. Costs are pinned (verification as
+    cheap as a 1-token step, a cheap head), so the controller does draft with the head: with live timings it
+    might never, and the test would prove nothing."""
     target = tiny_models[arch]
     head = random_head(target, torch.arange(0, target.info.vocab_size))
-    engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"))
+    costs = ControllerMemory(TargetCost([1.0] * 9))
+    costs.add_draft_cost("head-test", DraftCost(0.01))
+    engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"), costs=costs)
     engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test"))
     baseline = Engine(target, SpecConfig(drafter="none"))
+    head_steps = 0
     for prompt in PROMPTS:
-        assert engine.generate(prompt, GREEDY).token_ids == baseline.generate(prompt, GREEDY).token_ids, prompt
+        result = engine.generate(prompt, GREEDY)
+        assert result.token_ids == baseline.generate(prompt, GREEDY).token_ids, prompt
+        head_steps += result.stats.drafter_steps.get("head-test", 0)
+    assert head_steps > 0
 
 
 def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_models):

@@ -522,6 +522,10 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
     reader.join(timeout=30)
     assert not reader.is_alive()
     assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert not any("error" in event for event in events), events[-1]  # a cancelled stream ends with an error
+    finishes = [c["finish_reason"] for event in events for c in event.get("choices", []) if c.get("finish_reason")]
+    assert finishes == ["length"]  # the whole 1000 tokens were written: the work finished, it was not cut
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.base_url}/health", timeout=2)
 
