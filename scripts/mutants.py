@@ -68,7 +68,7 @@ MUTANTS = [
         "quickdraft/engine.py",
         "            if token in self._eos:\n",
         "            if token in self._eos and token == tokens[-1]:\n",
-        ("tests/test_engine.py", "-k", "eos"),
+        ("tests/test_exactness.py", "tests/test_engine.py", "-k", "eos"),
     ),
     Mutant(
         "sliding-window-one-too-wide",

@@ -226,3 +226,70 @@ def test_a_drafter_whose_probs_are_not_what_it_sampled_from_fails_the_law_test(t
     draft = load_model_dir(tiny_dirs["llama"], runtime="hf")
     engine.add_drafter("mislabelled", MislabelledDraft(draft.runner, target.info.vocab_size, "mislabelled"))
     assert sampled_law_p_value(engine, tiny_dirs["llama"], SAMPLING_PROMPT) < 1e-6
+
+
+# --- EOS and stop strings strictly inside accepted drafts, after rejections ---
+
+
+class SelfWithRejections(DraftModelDrafter):
+    """A draft model with the target's own weights whose every other proposal has its last token corrupted:
+    long accepted runs of fresh tokens, and a rejection every other step. Records each step's context length
+    and draft (the next context's length tells how many were accepted)."""
+
+    def begin(self, prompt_ids, params, generator) -> None:
+        super().begin(prompt_ids, params, generator)
+        self.steps: list[tuple[int, tuple[int, ...]]] = []
+
+    def propose(self, context_ids, k):
+        tokens = super().propose(context_ids, k).token_ids
+        if len(self.steps) % 2 and len(tokens) > 1:
+            tokens = (*tokens[:-1], (tokens[-1] + 1) % self.target_vocab_size)
+        self.steps.append((len(context_ids), tokens))
+        return Draft(tokens)
+
+
+def inner_accepted_positions(drafter: SelfWithRejections, prompt_length: int, output: tuple[int, ...]) -> list[int]:
+    """Output positions of accepted draft tokens other than a draft's first (so strictly inside a draft, never
+    the target's own token), in steps after some step had rejected a draft token (so the cache was rolled back)."""
+    positions, rejected_earlier = [], False
+    for (length, draft), (next_length, _) in zip(drafter.steps, drafter.steps[1:]):
+        accepted = next_length - length - 1
+        if rejected_earlier:
+            first = length - prompt_length  # the output position of the step's first draft token
+            positions += range(first + 1, first + accepted)
+        rejected_earlier = rejected_earlier or accepted < len(draft)
+    return positions
+
+
+def self_with_rejections(target, tiny_dirs) -> tuple[Engine, SelfWithRejections]:
+    draft = load_model_dir(tiny_dirs[target.info.name], runtime="hf")
+    drafter = SelfWithRejections(draft.runner, target.info.vocab_size, "self-with-rejections")
+    engine = Engine(target, SpecConfig(drafter=drafter.name, k=4))
+    engine.add_drafter(drafter.name, drafter)
+    return engine, drafter
+
+
+@pytest.mark.parametrize("runtime", ["hf", "native"])
+def test_eos_and_stop_strings_inside_an_accepted_draft_after_a_rejection(tiny_dirs, runtime):
+    """Positions derived from the output itself: the engine must end exactly where the target alone ends."""
+    name = "llama"
+    target = _target(tiny_dirs[name], name, runtime)
+    engine, drafter = self_with_rejections(target, tiny_dirs)
+    prompt_ids = engine.encode(PROMPTS[name][0])
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    free = engine.generate(prompt_ids, params).token_ids
+    assert free == cache_free_greedy(tiny_dirs[name], tuple(prompt_ids), NEW_TOKENS)[0]
+    decode = target.tokenizer.decode
+    text = decode(free)
+    inside = inner_accepted_positions(drafter, len(prompt_ids), free)
+    eos_at = next(p for p in inside if free[p] not in free[:p])  # its first occurrence
+    stop_at = next(p for p in inside if text.find(decode(free[p : p + 2])) == len(decode(free[:p])))
+
+    eos_target = load_model_dir(tiny_dirs[name], runtime=runtime, dtype="float32", name=name)
+    eos_target.runner.info = replace(eos_target.info, eos_token_ids=frozenset({free[eos_at]}))
+    result = self_with_rejections(eos_target, tiny_dirs)[0].generate(prompt_ids, replace(params, ignore_eos=False))
+    assert result.token_ids == free[:eos_at] and result.finish_reason == "stop"
+
+    stop = decode(free[stop_at : stop_at + 2])
+    result = self_with_rejections(target, tiny_dirs)[0].generate(prompt_ids, replace(params, stop=(stop,)))
+    assert result.text == text[: len(decode(free[:stop_at]))] and result.finish_reason == "stop"
