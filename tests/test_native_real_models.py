@@ -5,7 +5,9 @@ sliding window. Greedy decoding of 64 tokens on 20 prompts must be identical; wh
 differs, transformers' own top-2 logits at that position must be a numerical tie (gap below
 TIE_GAP), and the comparison stops there since the continuations diverge. Speculative greedy
 decoding (prompt-lookup drafts, verification forwards, rollbacks) must equal 1-token decoding
-in every native dtype; int8 is bit-identical across batch sizes, so there no tie is allowed.
+exactly with int8 weights, whose kernel is bit-identical across batch sizes. float32 and bfloat16
+promise no such thing (their matrix products round differently for different row counts), so no
+test forgives their flips: `quickdraft bench --dtype bfloat16` measures how often they differ.
 """
 
 import pytest
@@ -20,7 +22,6 @@ pytestmark = pytest.mark.real_model
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 FP32_TOL = 1e-3
 TIE_GAP = 1e-3  # a top-2 gap this small can flip under float32 reassociation (our logits differ by ~1e-4)
-BATCH_NOISE_GAP = {"float32": 1e-3, "bfloat16": 1.0}  # largest top-2 gap a k-token forward may flip
 GREEDY_TOKENS = 64
 PROMPTS = (
     "The capital of France is",
@@ -117,29 +118,18 @@ def _speculative(runner, prompt, steps, k=4):
     return out[:steps]
 
 
-def _plain_with_gaps(runner, prompt, steps):
-    logits = runner.prefill(prompt)
-    tokens, gaps = [], []
-    while True:
-        top2 = logits.topk(2).values
-        tokens.append(int(logits.argmax()))
-        gaps.append(float(top2[0] - top2[1]))
-        if len(tokens) == steps:
-            return tokens, gaps
-        logits = runner.forward([tokens[-1]])[0]
+def _plain(runner, prompt, steps):
+    """1-token greedy decoding."""
+    tokens = [int(runner.prefill(prompt).argmax())]
+    while len(tokens) < steps:
+        tokens.append(int(runner.forward([tokens[-1]])[0].argmax()))
+    return tokens
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
-def test_speculative_greedy_equals_target_alone(real, dtype):
-    path, _, fp32_runner = real
-    runner = fp32_runner if dtype == "float32" else native_runner_for(path, dtype, "cpu")
+def test_speculative_greedy_equals_target_alone_with_int8_weights(real):
+    path, _, _ = real
+    runner = native_runner_for(path, "int8", "cpu")
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     for prompt in PROMPTS[:6]:
         ids = tokenizer.encode(prompt * 2).ids  # repeated text gives the lookup drafter matches
-        expected, gaps = _plain_with_gaps(runner, ids, 48)
-        got = _speculative(runner, ids, 48)
-        first = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
-        if first is not None:
-            assert dtype != "int8" and gaps[first] < BATCH_NOISE_GAP[dtype], (
-                f"{dtype} {prompt!r}: token {first} differs with top-2 gap {gaps[first]}"
-            )
+        assert _speculative(runner, ids, 48) == _plain(runner, ids, 48), prompt
