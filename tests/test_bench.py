@@ -8,6 +8,7 @@ from PIL import Image
 
 from quickdraft.bench import prediction
 from quickdraft.bench.dataset import load_prompts, select_prompts
+from quickdraft.bench.runner import BenchConfig
 from quickdraft.bench.summary import BASELINE, HF_BASELINE, OVERALL
 from quickdraft.cli import main
 from quickdraft.costs import expected_tokens
@@ -271,3 +272,13 @@ def test_k_list_passes_words_through():
     from quickdraft.commands.arguments import k_list
 
     assert k_list("1, 2,auto") == [1, 2, "auto"]
+
+
+def test_auto_dtype_beside_transformers_peers_runs_their_float32_and_int8_is_refused(tmp_path):
+    """`--peers hf --dtype auto` used to stop with AttributeError (torch has no dtype 'auto')."""
+    dataset = tmp_path / "prompts.jsonl"
+    assert BenchConfig(model="m", dataset=dataset, peers=("hf",)).run_dtype == "float32"
+    assert BenchConfig(model="m", dataset=dataset).run_dtype == "auto"  # the runtime's default: native int8
+    assert BenchConfig(model="m", dataset=dataset, peers=("hf",), dtype="bfloat16").run_dtype == "bfloat16"
+    with pytest.raises(UsageError, match="no int8 weights; pass --dtype auto, float32 or bfloat16"):
+        BenchConfig(model="m", dataset=dataset, peers=("hf",), dtype="int8")

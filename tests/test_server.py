@@ -70,6 +70,15 @@ def test_prints_where_it_listens_and_lists_the_model(server, client):
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
 
 
+def test_a_model_is_retrieved_by_id_and_health_answers_head(server, client):
+    """What the openai client's models.retrieve and a load balancer's HEAD probe ask for."""
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="does not exist here; this server serves 'tiny'"):
+        client.models.retrieve("gpt-4")
+    probe = httpx.head(f"{server.base_url}/health")
+    assert probe.status_code == 200 and probe.content == b""
+
+
 def test_chat_greedy_is_identical_to_the_engine(client, engine):
     expected = engine.generate(MESSAGES, SamplingParams(temperature=0, max_new_tokens=30), chat=True)
     response = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=30, temperature=0)

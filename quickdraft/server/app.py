@@ -75,7 +75,7 @@ def attach_engine(app: FastAPI, engine: Engine) -> None:
 
 
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD
     async def health() -> JSONResponse:
         ready = state.worker is not None
         return JSONResponse({"status": "ok" if ready else "loading"}, status_code=200 if ready else 503)
@@ -85,10 +85,23 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         running, waiting = state.worker.load() if state.worker else (0, 0)
         return PlainTextResponse(state.metrics.render(running, waiting), media_type="text/plain; version=0.0.4")
 
+    def served_model() -> dict:
+        return {"id": state.settings.model_name, "object": "model", "created": state.started, "owned_by": "quickdraft"}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        model = {"id": state.settings.model_name, "object": "model", "created": state.started, "owned_by": "quickdraft"}
-        return {"object": "list", "data": [model]}
+        return {"object": "list", "data": [served_model()]}
+
+    @app.get("/v1/models/{model_id:path}")  # a served name may be a path
+    async def model(model_id: str) -> dict:
+        if model_id != state.settings.model_name:
+            raise APIError(
+                404,
+                f"the model '{model_id}' does not exist here; this server serves '{state.settings.model_name}'",
+                param="model",
+                code="model_not_found",
+            )
+        return served_model()
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
