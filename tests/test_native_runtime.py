@@ -311,8 +311,9 @@ def test_unsupported_architecture_returns_none(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(tmp_path, dtype):
-    """Every row of a k-token forward is bit-identical to the 1-token forward at its position, for
-    contexts just before, at and past a sliding window long enough for reductions to be blocked."""
+    """Every row of an n-token forward (n = 2, 4 and 9: up to the engine's k_max + 1) is bit-identical to the
+    1-token forward at its position, for contexts just before, at and past a sliding window long enough for
+    reductions to be blocked."""
     window = 512  # gemma-3-270m's
     config = Gemma3TextConfig(
         **{**_COMMON, "max_position_embeddings": 1024},
@@ -325,14 +326,15 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
     _save_random_model(config, tmp_path)
     runner = native_runner_for(tmp_path, dtype, "cpu")
     differences = {}
-    for context in range(window - 4, window + 12):
-        runner.prefill(_tokens(context, seed=context))
-        base = runner.cache_length
-        one_by_one = torch.stack([runner.forward([7 + j])[0] for j in range(4)])  # [4, vocab]
-        runner.rollback(base)
-        together = runner.forward([7, 8, 9, 10])  # [4, vocab]
-        differences[context] = _max_diff(one_by_one, together)
-    assert max(differences.values()) == 0.0, {c: d for c, d in differences.items() if d}
+    for n in (2, 4, 9):
+        for context in range(window - n, window + 12):
+            runner.prefill(_tokens(context, seed=context))
+            base = runner.cache_length
+            one_by_one = torch.stack([runner.forward([7 + j])[0] for j in range(n)])  # [n, vocab]
+            runner.rollback(base)
+            together = runner.forward([7 + j for j in range(n)])  # [n, vocab]
+            differences[n, context] = _max_diff(one_by_one, together)
+    assert max(differences.values()) == 0.0, {key: d for key, d in differences.items() if d}
 
 
 def test_only_verification_forwards_past_the_window_attend_per_query():
