@@ -85,7 +85,12 @@ class SpecConfig:
     @property
     def drafters(self) -> tuple[str, ...]:
         """The drafter names, in the order given."""
-        return tuple(name.strip() for name in self.drafter.split(","))
+        return drafter_names(self.drafter)
+
+
+def drafter_names(drafter: str) -> tuple[str, ...]:
+    """The names in a `SpecConfig.drafter` setting: several joined by commas."""
+    return tuple(name.strip() for name in drafter.split(","))
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,7 @@ def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
 
 @functools.cache
 def _target(path, name: str, runtime: str):
-    dtype = "float32"
-    return load_model_dir(path, runtime=runtime, dtype=dtype, name=name)
+    return load_model_dir(path, runtime=runtime, dtype="float32", name=name)
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))

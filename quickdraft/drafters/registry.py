@@ -47,10 +47,6 @@ def register_drafter(kind: str, build: DrafterFactory, loads_model: bool = True)
     _KINDS[kind] = DrafterKind(build, loads_model)
 
 
-def drafter_kinds() -> list[str]:
-    return sorted(_KINDS)
-
-
 def parse_name(name: str) -> tuple[str, str]:
     """(kind, argument) of a drafter name: `KIND[:ARGUMENT]` for a registered kind, else (MODEL_KIND, name)."""
     kind, _, argument = name.partition(":")

@@ -6,7 +6,7 @@ answered 400 at once and a stream never starts for a request the engine would re
 
 import asyncio
 
-from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.config import SamplingParams, SpecConfig, drafter_names
 from quickdraft.drafters.registry import loads_model
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
@@ -110,8 +110,7 @@ def spec_config(request: GenerationRequest, engine: Engine) -> SpecConfig:
 
 def _may_request(drafter: str, engine: Engine) -> bool:
     """The server's own drafters, or kinds that load nothing: request content never names a file or a model."""
-    names = [name.strip() for name in drafter.split(",")]
-    return drafter == engine.spec.drafter or all(name and not loads_model(name) for name in names)
+    return drafter == engine.spec.drafter or all(name and not loads_model(name) for name in drafter_names(drafter))
 
 
 def _template_role(role: str) -> str:
