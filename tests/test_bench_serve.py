@@ -259,6 +259,7 @@ def one_line_error(args: list[str]) -> str:
         ("extra body not an object", "--extra-body must be a JSON object"),
         ("missing prompts", "cannot read dataset"),
         ("bad concurrency", "--concurrency takes positive integers"),
+        ("no prompts per category", "--per-category must be > 0"),
     ],
 )
 def test_bad_input_gives_one_line_error(server, prompts_file, tmp_path, case, message):
@@ -277,6 +278,8 @@ def test_bad_input_gives_one_line_error(server, prompts_file, tmp_path, case, me
         prompts = str(tmp_path / "missing.jsonl")
     if case == "bad concurrency":
         extra = ["--concurrency", "1,zero"]
+    if case == "no prompts per category":
+        extra = ["--per-category", "0"]
     args = ["bench-serve", "--url", url, "--api-key", key, "--prompts", prompts, "--max-tokens", "4", *extra]
     assert message in one_line_error([*args, "--timeout", "30", "--out", str(tmp_path / "out")])
 

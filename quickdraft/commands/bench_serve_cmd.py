@@ -65,7 +65,9 @@ def register(subparsers) -> argparse.ArgumentParser:
         metavar="JSON",
         help='a JSON object merged into every request body, e.g. \'{"quickdraft": {"drafter": "none"}}\'',
     )
-    parser.add_argument("--label", default=None, help="the run's name in reports (default: host:port and model)")
+    parser.add_argument(
+        "--label", default=None, help="the run's name in reports (default: host:port, model, and the extra body if any)"
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request, end to end (default 300)")
     parser.add_argument(
         "--combine",
@@ -106,7 +108,12 @@ def _config(args: argparse.Namespace) -> ServeBenchConfig:
     if not args.url or not args.prompts:
         raise UsageError("--url and --prompts are required to measure (or pass --combine RESULTS_JSON...)")
     _require_positive(
-        {"--max-tokens": args.max_tokens, "--ttft-target": args.ttft_target, "--timeout": args.timeout}
+        {
+            "--per-category": args.per_category,  # select_prompts would name its own --limit
+            "--max-tokens": args.max_tokens,
+            "--ttft-target": args.ttft_target,
+            "--timeout": args.timeout,
+        }
         | ({"--requests": args.requests} if args.requests is not None else {})
     )
     if args.temperature < 0:
