@@ -17,7 +17,14 @@ from urllib.parse import SplitResult, urlsplit
 import httpx
 
 from quickdraft.bench.dataset import Prompt
-from quickdraft.bench.serve.client import Endpoint, RequestResult, chat_body, one_line, stream_chat
+from quickdraft.bench.serve.client import (
+    Endpoint,
+    RequestResult,
+    auth_headers,
+    chat_body,
+    one_line,
+    stream_chat,
+)
 from quickdraft.errors import QuickdraftError, UsageError
 
 WARMUP_MAX_TOKENS = 8
@@ -113,9 +120,8 @@ async def _run_load(config: ServeBenchConfig, on_level: Callable[[LevelRun], Non
 async def first_model(client: httpx.AsyncClient, config: ServeBenchConfig) -> str:
     """The first id of GET /models."""
     url = f"{config.base_url}/models"
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     try:
-        response = await client.get(url, headers=headers)
+        response = await client.get(url, headers=auth_headers(config.api_key))
     except httpx.HTTPError as exc:
         raise _unreachable(url, one_line(f"{type(exc).__name__}: {exc}")) from None
     if response.status_code in (401, 403):

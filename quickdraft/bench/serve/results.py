@@ -74,7 +74,7 @@ def write_run(results: dict, out: Path) -> list[Path]:
     from quickdraft.bench.serve.plots import write_plots
     from quickdraft.bench.serve.report import render_report
 
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(results))
     (out / "report.md").write_text(render_report(results))
     return [out / "results.json", out / "report.md", *write_plots([results], out)]
 
