@@ -11,6 +11,7 @@ def build_parser() -> argparse.ArgumentParser:
         bench_adaptive_cmd,
         bench_cmd,
         bench_runtime_cmd,
+        bench_serve_cmd,
         distill_cmd,
         generate_cmd,
         models_cmd,
@@ -22,7 +23,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate_cmd, models_cmd, serve_cmd, bench_cmd, bench_runtime_cmd, bench_adaptive_cmd, distill_cmd):
+    for command in (
+        generate_cmd,
+        models_cmd,
+        serve_cmd,
+        bench_cmd,
+        bench_runtime_cmd,
+        bench_adaptive_cmd,
+        bench_serve_cmd,
+        distill_cmd,
+    ):
         command.register(subparsers)
     return parser
 

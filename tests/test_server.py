@@ -18,7 +18,6 @@ import torch
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
-from quickdraft.server import bench_client
 from tests.conftest import LONG_CONTEXT
 from tests.server_process import ServerProcess, start_server
 
@@ -490,18 +489,6 @@ def test_bounded_load_test_has_no_errors(server):
     assert all(valid for _, valid in results), [status for status, _ in results]
     assert time.monotonic() - started < 300
     wait_for_idle(server)
-
-
-def test_bench_client_compares_speculation_on_the_server(server, capsys):
-    command = ["stream", "--prompt", "The dog sleeps. The dog", "--max-tokens", "8", "--rounds", "1"]
-    assert bench_client.main(["--url", server.base_url, "--api-key", API_KEY, "--model", "tiny", *command]) == 0
-    assert "outputs identical: True" in capsys.readouterr().out
-
-
-def test_bench_client_load_test_passes_on_the_server(server, capsys):
-    command = ["load", "--clients", "2", "--requests", "3", "--max-tokens", "4"]
-    assert bench_client.main(["--url", server.base_url, "--api-key", API_KEY, "--model", "tiny", *command]) == 0
-    assert "statuses {200: 6}; valid 6/6" in capsys.readouterr().out
 
 
 def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):

@@ -11,4 +11,5 @@ provenance.py  machine, versions, git commit, command line
 runtime.py   `quickdraft bench-runtime`: decode tok/s and v(k) of the runners
 adaptive.py  `quickdraft bench-adaptive`: --k auto against every fixed k (adaptive_report.py: its report)
 replay.py    the engine re-decoding recorded outputs under a cost model, without timing noise
+serve/       `quickdraft bench-serve`: a bounded load generator for any OpenAI-compatible chat endpoint
 """
