@@ -6,6 +6,12 @@ first `cache_length` tokens of the sequence; `forward` appends tokens at the nex
 returns their logits; `rollback` forgets everything after a given length, so rejected draft
 tokens are simply overwritten by the next `forward`.
 
+A `BatchRunner` holds several sequences at once, one KV cache *slot* each, and runs one forward
+over a ragged batch (`forward_batch`): every sequence brings its own new tokens (a prefill chunk,
+or a pending token and its draft) and gets back the rows it asked for. The promise that makes a
+request's output independent of what else runs: every row a sequence gets from a batched forward
+is bit-identical to what the same tokens give in a forward of that sequence alone.
+
 Hidden states, for drafters that read the target's own states (the `head` drafter): with
 `return_hidden=True`, `prefill` returns `(logits [vocab], hidden [len(token_ids), hidden_size])`
 and `forward` returns `(logits [n, vocab], hidden [n, hidden_size])`. `hidden[i]` is the final
@@ -17,7 +23,7 @@ It comes from the same forward pass, never an extra one; without the keyword not
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -82,4 +88,61 @@ class ModelRunner(Protocol):
     def linear_layers(self) -> Sequence[MatrixProduct]:
         """Every matrix product of a forward, in order, each taking [rows, in] (bench-runtime times them alone:
         a decode ceiling); empty when the runner cannot isolate them (transformers)."""
+        ...
+
+
+PREFILL_BLOCK = 128  # prompt positions per block: cut a prompt into forwards at multiples of it (`SequenceStep`)
+
+
+@dataclass(frozen=True)
+class SequenceStep:
+    """One sequence's part of a batched forward.
+
+    A prompt read in several forwards leaves the same cache however it was cut, as long as every chunk but
+    the last ends at a multiple of PREFILL_BLOCK positions.
+    """
+
+    slot: int  # the sequence's KV cache slot
+    token_ids: tuple[int, ...]  # new tokens, at positions slot_length(slot)..
+    logits: Literal["all", "last", "none"] = "all"  # which rows' logits come back (a prefill chunk: last or none)
+    hidden: bool = False  # also return the states of every new position (for a drafter that reads them)
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    """What one sequence gets back from a batched forward."""
+
+    logits: torch.Tensor | None  # [len(token_ids), vocab] ("all"), [1, vocab] ("last") or None; float32
+    hidden: torch.Tensor | None  # [len(token_ids), hidden_size] float32, when asked
+
+
+@runtime_checkable
+class BatchRunner(ModelRunner, Protocol):
+    """A runner that holds several sequences, one KV cache slot each, and runs them in one forward.
+
+    The batch-1 methods of `ModelRunner` work on a slot of their own, never on an opened one.
+    """
+
+    def open_slot(self) -> int:
+        """A free slot, empty, for a new sequence."""
+        ...
+
+    def close_slot(self, slot: int) -> None:
+        """The sequence is done; its slot may be handed out again."""
+        ...
+
+    def slot_length(self, slot: int) -> int:
+        """Tokens cached in `slot`."""
+        ...
+
+    def rollback_slot(self, slot: int, length: int) -> None:
+        """Keep only the first `length` tokens of `slot` (O(1))."""
+        ...
+
+    def forward_batch(self, steps: Sequence[SequenceStep]) -> list[SequenceOutput]:
+        """One forward over every step's tokens (each slot at most once); outputs in the order of `steps`."""
+        ...
+
+    def slot_bytes(self) -> int:
+        """KV cache bytes one slot holds when its sequence fills the model's context."""
         ...

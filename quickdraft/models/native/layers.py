@@ -1,4 +1,4 @@
-"""Stateless tensor functions of one decoder layer, batch 1, positions along dim 0."""
+"""Stateless tensor functions of one decoder layer, positions (of one sequence, or stacked sequences) along dim 0."""
 
 from dataclasses import dataclass
 
@@ -97,8 +97,8 @@ def windowed_attention(
     return out.view(kv_heads, n, groups, head_dim).permute(1, 0, 2, 3).reshape(n, heads * head_dim)
 
 
-def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str) -> torch.Tensor:
-    """down(act(gate(x)) * up(x)) with gate and up in one matmul: x [n, d] -> [n, d]."""
-    gate, up = weights.gate_up(x).chunk(2, dim=-1)  # [n, I] each
+def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, lengths: tuple[int, ...]) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) with gate and up in one matmul: x [N, d] (sequences of `lengths` rows) -> [N, d]."""
+    gate, up = weights.gate_up.batched(x, lengths).chunk(2, dim=-1)  # [N, I] each
     gate = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    return weights.down(gate * up)
+    return weights.down.batched(gate * up, lengths)

@@ -1,26 +1,53 @@
-"""`NativeRunner`: quickdraft's own decoder forward over a preallocated KV cache.
+"""`NativeRunner`: quickdraft's own decoder forward over preallocated KV cache slots.
 
 One Python loop over layers, fused projections, no module hooks and no per-step allocation
 beyond the activations; see `spec.py` for what distinguishes the supported families.
+
+The runner holds several sequences, one `KVCache` slot each (`BatchRunner`). A batched forward
+stacks every sequence's new tokens into one [N, d] activation: embeddings, norms, RoPE and the
+matrix products run over all N rows at once (see `Linear.batched` for why each row equals its
+sequence's own), while attention runs per sequence over its own cache with exactly the shapes a
+forward of that sequence alone would use. The batch-1 `ModelRunner` methods work on slot 0.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from quickdraft.errors import InternalError
-from quickdraft.models.base import ModelInfo
+from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm, windowed_attention
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
 from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights
 
-PREFILL_CHUNK = 512  # prompt tokens per forward during prefill: bounds the [n, L] attention scores
+PREFILL_CHUNK = 4 * PREFILL_BLOCK  # prompt tokens per forward during a batch-1 prefill
+OWN_SLOT = 0  # the slot of the batch-1 methods (prefill, forward, rollback)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Rows of one sequence that attend in one product."""
+
+    start: int  # position of its first row
+    rows: slice  # within the sequence's new rows
+    windows: dict[int | None, AttentionWindow]  # by sliding window size (None: full attention)
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    """One sequence of a batched forward, as the layers see it."""
+
+    cache: KVCache
+    start: int  # its first new position
+    rows: slice  # its rows in the stacked activations
+    parts: tuple[_Part, ...]  # a verification: one part; a prompt chunk: one per PREFILL_BLOCK it touches
 
 
 class NativeRunner:
-    """A `ModelRunner` for one Llama-family or Gemma 3 model, batch 1."""
+    """A `BatchRunner` for one Llama-family or Gemma 3 model."""
 
     def __init__(
         self, info: ModelInfo, spec: DecoderSpec, weights: ModelWeights, dtype: torch.dtype, device: torch.device
@@ -30,8 +57,9 @@ class NativeRunner:
         self.spec = spec
         self.dtype = dtype  # activations and KV cache
         self._weights = weights
-        self._cache = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.max_context, dtype, device)
-        self._rope = self._rope_tables()
+        self._slots: dict[int, KVCache] = {OWN_SLOT: self._new_cache()}
+        self._free: list[int] = []  # opened slots closed since, whose caches are reused
+        self._rope = self._rope_tables(self._slots[OWN_SLOT].capacity)
         self._qk_width = (spec.num_heads + spec.num_kv_heads) * spec.head_dim
         self._embedding_scale = (
             None if spec.embedding_scale is None else torch.tensor(spec.embedding_scale, dtype=dtype, device=device)
@@ -39,34 +67,55 @@ class NativeRunner:
 
     @property
     def cache_length(self) -> int:
-        return self._cache.length
+        return self._slots[OWN_SLOT].length
 
     def prefill(self, token_ids: Sequence[int], return_hidden: bool = False):
         """Reset the cache, run the prompt in chunks; logits [vocab] of its last position (and hidden [n, d])."""
         if not token_ids:
             raise InternalError("prefill needs at least one token")
-        self._cache.rollback(0)
+        self.rollback(0)
         hidden_chunks = []
         for begin in range(0, len(token_ids), PREFILL_CHUNK):
-            chunk = token_ids[begin : begin + PREFILL_CHUNK]
-            logits, hidden = self._run(chunk, last_only=True, return_hidden=return_hidden)
-            if return_hidden:
-                hidden_chunks.append(hidden.float())
-        return (logits[0], torch.cat(hidden_chunks)) if return_hidden else logits[0]
+            chunk = tuple(token_ids[begin : begin + PREFILL_CHUNK])
+            last = begin + PREFILL_CHUNK >= len(token_ids)
+            (out,) = self.forward_batch([SequenceStep(OWN_SLOT, chunk, "last" if last else "none", return_hidden)])
+            hidden_chunks.append(out.hidden)
+        return (out.logits[0], torch.cat(hidden_chunks)) if return_hidden else out.logits[0]
 
     def forward(self, token_ids: Sequence[int], return_hidden: bool = False):
         """Append tokens at positions cache_length..; logits [n, vocab] float32 (and hidden [n, d])."""
         if not token_ids:
             raise InternalError("forward needs at least one token")
-        logits, hidden = self._run(token_ids, last_only=False, return_hidden=return_hidden)
-        return (logits, hidden.float()) if return_hidden else logits
+        (out,) = self.forward_batch([SequenceStep(OWN_SLOT, tuple(token_ids), "all", return_hidden)])
+        return (out.logits, out.hidden) if return_hidden else out.logits
+
+    def rollback(self, length: int) -> None:
+        self._slots[OWN_SLOT].rollback(length)
+
+    def open_slot(self) -> int:
+        slot = self._free.pop() if self._free else len(self._slots)
+        self._slots.setdefault(slot, self._new_cache()).rollback(0)
+        return slot
+
+    def close_slot(self, slot: int) -> None:
+        if slot == OWN_SLOT or slot not in self._slots or slot in self._free:
+            raise InternalError(f"slot {slot} is not open")
+        self._free.append(slot)
+
+    def slot_length(self, slot: int) -> int:
+        return self._slots[slot].length
+
+    def rollback_slot(self, slot: int, length: int) -> None:
+        self._slots[slot].rollback(length)
+
+    def slot_bytes(self) -> int:
+        spec = self.spec
+        per_position = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * self.dtype.itemsize
+        return per_position * spec.max_context
 
     def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token embeddings [vocab, d], output layer [vocab, d]) as stored (embedding scale not applied)."""
         return self._weights.embedding, self._weights.lm_head.dense()
-
-    def rollback(self, length: int) -> None:
-        self._cache.rollback(length)
 
     def linear_layers(self) -> list[Linear]:
         """Every matrix product a forward runs, in order (the benchmark times them alone: a decode ceiling)."""
@@ -76,81 +125,154 @@ class NativeRunner:
         return [*per_layer, self._weights.lm_head]
 
     @torch.inference_mode()
-    def _run(
-        self, token_ids: Sequence[int], last_only: bool, return_hidden: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [n or 1, vocab] float32 and, when asked, the final-norm hidden states [n, d]
-        the output layer reads."""
-        n, start = len(token_ids), self._cache.length
-        if self._cache.reserve(n):
-            self._rope = self._rope_tables()
-        x = self._embed(token_ids)  # [n, d]
-        windows = self._windows(
-            start, n, exact_rows=not last_only
-        )  # rows whose logits are returned match 1-token forwards
-        rope = {
-            key: (table.cos[start : start + n], table.sin_signed[start : start + n])
-            for key, table in self._rope.items()
-        }
+    def forward_batch(self, steps: Sequence[SequenceStep]) -> list[SequenceOutput]:
+        """One forward over every step's new tokens; each sequence's rows as its own forward would give them."""
+        if not steps or not all(step.token_ids for step in steps):
+            raise InternalError("a batched forward needs at least one token for every sequence")
+        if len({step.slot for step in steps}) != len(steps):
+            raise InternalError("a batched forward got the same slot twice")
+        sequences = self._sequences(steps)
+        lengths = tuple(len(step.token_ids) for step in steps)
+        positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(sequences, lengths)])  # [N]
+        positions = positions.to(self.device)
+        rope = {key: (table.cos[positions], table.sin_signed[positions]) for key, table in self._rope.items()}
+        x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         for i, layer in enumerate(self._weights.layers):
-            x = self._layer(i, layer, x, start, windows[self.spec.layer_windows[i]], rope[self.spec.layer_rope[i]])
-        self._cache.length = start + n
-        normed = rms_norm(
-            x[-1:] if last_only and not return_hidden else x, self._weights.final_norm, self.spec.rms_norm_eps
-        )  # [n or 1, d]
-        return self._logits(normed[-1:] if last_only else normed), normed if return_hidden else None
+            x = self._layer(i, layer, x, sequences, lengths, rope[self.spec.layer_rope[i]])
+        for sequence, n in zip(sequences, lengths):
+            sequence.cache.length = sequence.start + n
+        return self._outputs(steps, sequences, x)
+
+    def _sequences(self, steps: Sequence[SequenceStep]) -> list[_Sequence]:
+        """Reserve cache room for every step and describe its rows and attention windows."""
+        sequences, offset = [], 0
+        for step in steps:
+            cache, n = self._slots[step.slot], len(step.token_ids)
+            if cache.reserve(n) and cache.capacity > self._rope_capacity:
+                self._rope = self._rope_tables(cache.capacity)
+            parts = self._parts(cache.length, n, verification=step.logits == "all")
+            sequences.append(_Sequence(cache, cache.length, slice(offset, offset + n), parts))
+            offset += n
+        return sequences
+
+    def _parts(self, start: int, n: int, verification: bool) -> tuple[_Part, ...]:
+        """How the rows of positions start..start+n-1 attend.
+
+        A verification's rows (logits returned) read exactly what a 1-token forward at their position reads
+        (`AttentionWindow.build` with exact_rows). A prompt chunk attends one product per PREFILL_BLOCK of
+        positions it touches, so a row's result depends only on its block, never on where the chunk began:
+        a prompt cut into forwards at block boundaries leaves the same cache however it was cut.
+        """
+        if verification:
+            return (_Part(start, slice(0, n), self._windows(start, n, exact_rows=True)),)
+        bounds = [start, *range((start // PREFILL_BLOCK + 1) * PREFILL_BLOCK, start + n, PREFILL_BLOCK), start + n]
+        return tuple(
+            _Part(begin, slice(begin - start, end - start), self._windows(begin, end - begin, exact_rows=False))
+            for begin, end in zip(bounds, bounds[1:])
+        )
+
+    def _outputs(
+        self, steps: Sequence[SequenceStep], sequences: list[_Sequence], x: torch.Tensor
+    ) -> list[SequenceOutput]:
+        """Final norm over the rows anyone asked for, one output-layer product over the logit rows."""
+        wanted = [self._rows_out(step, seq.rows) for step, seq in zip(steps, sequences)]  # (states, logit rows)
+        state_rows = [rows for rows, _ in wanted]
+        if not any(len(rows) for rows in state_rows):  # prefill chunks that are not a prompt's last
+            return [SequenceOutput(None, None) for _ in steps]
+        normed = rms_norm(x[torch.cat(state_rows)], self._weights.final_norm, self.spec.rms_norm_eps)  # [M, d]
+        per_sequence = normed.split([len(rows) for rows in state_rows])
+        logit_inputs = [states[-len(rows) :] for states, (_, rows) in zip(per_sequence, wanted) if rows]
+        logit_lengths = tuple(len(rows) for _, rows in wanted if rows)
+        logits = self._logits(torch.cat(logit_inputs), logit_lengths).split(logit_lengths) if logit_lengths else ()
+        outputs, next_logits = [], iter(logits)
+        for step, states, (_, rows) in zip(steps, per_sequence, wanted):
+            hidden = states.float() if step.hidden else None
+            outputs.append(SequenceOutput(next(next_logits) if rows else None, hidden))
+        return outputs
+
+    def _rows_out(self, step: SequenceStep, rows: slice) -> tuple[torch.Tensor, range]:
+        """(the stacked rows whose final states are needed [m], the last of them that also need logits)."""
+        n = rows.stop - rows.start
+        logit_rows = {"all": range(n), "last": range(n - 1, n), "none": range(0)}[step.logits]
+        first = 0 if step.hidden else (logit_rows.start if logit_rows else n)
+        return torch.arange(rows.start + first, rows.stop, device=self.device), logit_rows
 
     def _layer(
         self,
         i: int,
         layer: LayerWeights,
         x: torch.Tensor,
-        start: int,
-        window: AttentionWindow,
+        sequences: list[_Sequence],
+        lengths: tuple[int, ...],
         rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        spec, n = self.spec, x.shape[0]
-        qk, values = self._attention_inputs(layer, x, rope)
-        self._cache.write(i, start, qk[:, spec.num_heads :], values)
-        queries = qk[:, : spec.num_heads]  # [n, H, hd]
+        spec = self.spec
+        qk, values = self._attention_inputs(layer, x, lengths, rope)
+        queries, keys = qk[:, : spec.num_heads], qk[:, spec.num_heads :]  # [N, H, hd], [N, KV, hd]
+        window_size = spec.layer_windows[i]
+        attended = [
+            self._attend(i, queries[seq.rows], keys[seq.rows], values[seq.rows], seq, window_size) for seq in sequences
+        ]
+        return self._attention_output_and_mlp(
+            layer, x, torch.cat(attended) if len(attended) > 1 else attended[0], lengths
+        )
+
+    def _attend(
+        self,
+        i: int,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        seq: _Sequence,
+        window_size: int | None,
+    ) -> torch.Tensor:
+        """One sequence's attention over its own cache: queries [n, H, hd] -> [n, H * hd]."""
+        seq.cache.write(i, seq.start, keys, values)
+        attended = [
+            self._attend_part(i, queries[part.rows], seq.cache, part.start, part.windows[window_size])
+            for part in seq.parts
+        ]
+        return torch.cat(attended) if len(attended) > 1 else attended[0]
+
+    def _attend_part(
+        self, i: int, queries: torch.Tensor, cache: KVCache, start: int, window: AttentionWindow
+    ) -> torch.Tensor:
+        """Queries [n, H, hd] at positions start.. over the cache: [n, H * hd]."""
+        spec, n = self.spec, queries.shape[0]
         if window.rows:  # one query at a time over exactly its own window (see AttentionWindow.build)
-            attended = torch.cat(
+            return torch.cat(
                 [
-                    attention(
-                        queries[j : j + 1], *self._cache.read(i, row.begin, start + j + 1), row, spec.attention_scale
-                    )
+                    attention(queries[j : j + 1], *cache.read(i, row.begin, start + j + 1), row, spec.attention_scale)
                     for j, row in enumerate(window.rows)
                 ]
             )
-        else:
-            cached_keys, cached_values = self._cache.read(i, window.begin, start + n)
-            attended = (
-                windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
-                if window.size
-                else attention(queries, cached_keys, cached_values, window, spec.attention_scale)
-            )
-        return self._attention_output_and_mlp(layer, x, attended)
+        cached_keys, cached_values = cache.read(i, window.begin, start + n)
+        if window.size:
+            return windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
+        return attention(queries, cached_keys, cached_values, window, spec.attention_scale)
 
     def _attention_inputs(
-        self, layer: LayerWeights, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+        self, layer: LayerWeights, x: torch.Tensor, lengths: tuple[int, ...], rope: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, d] -> rotated queries|keys [n, H + KV, hd], values [n, KV, hd]. Tensors only, no cache."""
+        """x [N, d] -> rotated queries|keys [N, H + KV, hd], values [N, KV, hd]. Tensors only, no cache."""
         spec, n = self.spec, x.shape[0]
-        qkv = layer.qkv(rms_norm(x, layer.input_norm, spec.rms_norm_eps))  # [n, (H + 2 KV) hd]
+        qkv = layer.qkv.batched(rms_norm(x, layer.input_norm, spec.rms_norm_eps), lengths)  # [N, (H + 2 KV) hd]
         qk = qkv[:, : self._qk_width].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
         values = qkv[:, self._qk_width :].view(n, spec.num_kv_heads, spec.head_dim)
         if layer.qk_norm is not None:
             qk = rms_norm(qk, None, spec.rms_norm_eps) * layer.qk_norm
         return apply_rope(qk, *rope), values
 
-    def _attention_output_and_mlp(self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """x, attended [n, d] -> the next layer's input [n, d]. Tensors only, no cache."""
+    def _attention_output_and_mlp(
+        self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor, lengths: tuple[int, ...]
+    ) -> torch.Tensor:
+        """x, attended [N, d] -> the next layer's input [N, d]. Tensors only, no cache."""
         spec = self.spec
-        out = layer.o(attended)
+        out = layer.o.batched(attended, lengths)
         if layer.post_attention_norm is not None:
             out = rms_norm(out, layer.post_attention_norm, spec.rms_norm_eps)
         x = x + out
-        out = gated_mlp(rms_norm(x, layer.pre_mlp_norm, spec.rms_norm_eps), layer, spec.activation)
+        out = gated_mlp(rms_norm(x, layer.pre_mlp_norm, spec.rms_norm_eps), layer, spec.activation, lengths)
         if layer.post_mlp_norm is not None:
             out = rms_norm(out, layer.post_mlp_norm, spec.rms_norm_eps)
         return x + out
@@ -160,9 +282,9 @@ class NativeRunner:
         x = torch.nn.functional.embedding(ids, self._weights.embedding)  # [n, d]
         return x if self._embedding_scale is None else x * self._embedding_scale
 
-    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """Output layer over final-norm states [m, d] -> [m, vocab] float32."""
-        logits = self._weights.lm_head(normed).float()
+    def _logits(self, normed: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+        """Output layer over final-norm states [m, d] of sequences of `lengths` rows -> [m, vocab] float32."""
+        logits = self._weights.lm_head.batched(normed, lengths).float()
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -173,8 +295,13 @@ class NativeRunner:
             for w in set(self.spec.layer_windows)
         }
 
-    def _rope_tables(self) -> dict[str, RopeTable]:
-        return {
-            key: RopeTable.build(freqs, self._cache.capacity, self.dtype, self.device)
-            for key, freqs in self.spec.rope.items()
-        }
+    def _new_cache(self) -> KVCache:
+        spec = self.spec
+        return KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.max_context, self.dtype, self.device)
+
+    @property
+    def _rope_capacity(self) -> int:
+        return next(iter(self._rope.values())).cos.shape[0]
+
+    def _rope_tables(self, capacity: int) -> dict[str, RopeTable]:
+        return {key: RopeTable.build(freqs, capacity, self.dtype, self.device) for key, freqs in self.spec.rope.items()}

@@ -39,6 +39,18 @@ class Linear:
         y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias
 
+    def batched(self, x: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+        """x [N, in], the rows of sequences of `lengths` rows stacked -> [N, out], each sequence's rows equal to
+        its own product's bit for bit.
+
+        int8 runs one product over the whole batch: `_weight_int8pack_mm` computes every row the same way
+        whatever the row count. Dense float kernels do not (oneDNN changes blocking and accumulation with
+        the row count), so there each sequence gets a product of its own, shaped as it would be alone.
+        """
+        if self.scales is not None or len(lengths) == 1:
+            return self(x)
+        return torch.cat([self(rows) for rows in x.split(lengths)])
+
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row int8: weight ~= q * scale[:, None]."""

@@ -1,0 +1,127 @@
+"""Batch invariance of the native runner: every row a sequence gets from a batched forward is bit-identical
+to what the same tokens give in a forward of that sequence alone, in every dtype.
+
+Random schedules mix sequences of different lengths, prefill chunks (with and without logits), verification
+forwards of 1..9 tokens, hidden states and rollbacks, across sliding windows. A deliberately batch-variant
+matrix product (one whose accumulation order changes with the row count, as split-K kernels do) must fail.
+"""
+
+import random
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
+
+from quickdraft.errors import InternalError
+from quickdraft.models.base import BatchRunner, SequenceStep
+from quickdraft.models.native import native_runner_for
+from quickdraft.models.native.weights import Linear
+from tests.test_native_runtime import _COMMON, _save_random_model
+
+VOCAB = _COMMON["vocab_size"]
+CONFIGS = {
+    "llama_gqa": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2),
+    "mistral_sliding": lambda: MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2, sliding_window=7),
+    "gemma3_interleaved": lambda: Gemma3TextConfig(
+        **{**_COMMON, "num_hidden_layers": 4},
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    ),
+}
+DTYPES = ("float32", "bfloat16", "int8")
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def model_dir(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    _save_random_model(CONFIGS[request.param](), path)
+    return path
+
+
+def random_step(rng: random.Random, slot: int, length: int) -> SequenceStep:
+    """A prefill chunk or a verification forward (pending token + draft of up to 8) for a sequence of `length`."""
+    if length == 0 or rng.random() < 0.25:
+        n, logits = rng.randint(1, 20), rng.choice(("last", "none"))
+    else:
+        n, logits = rng.randint(1, 9), "all"
+    return SequenceStep(slot, tuple(rng.randrange(2, VOCAB) for _ in range(n)), logits, rng.random() < 0.3)
+
+
+def batch_differences(batched: BatchRunner, alone: BatchRunner, sequences: int, rounds: int, seed: int) -> list:
+    """Run one random schedule on `batched` (all sequences per forward, in random order and subsets) and on
+    `alone` (the same steps, one sequence per forward); every (round, slot, part) whose tensors differ."""
+    rng = random.Random(seed)
+    slots = [(batched.open_slot(), alone.open_slot()) for _ in range(sequences)]
+    differing = []
+    for round_ in range(rounds):
+        chosen = rng.sample(slots, rng.randint(1, sequences))
+        steps = [random_step(rng, b, batched.slot_length(b)) for b, _ in chosen]
+        together = batched.forward_batch(steps)
+        for (b, a), step, out in zip(chosen, steps, together):
+            (solo,) = alone.forward_batch([SequenceStep(a, step.token_ids, step.logits, step.hidden)])
+            for part in ("logits", "hidden"):
+                x, y = getattr(out, part), getattr(solo, part)
+                if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
+                    differing.append((round_, b, part))
+            if step.logits == "all" and rng.random() < 0.7:  # a rejected draft: keep a random prefix
+                keep = batched.slot_length(b) - rng.randint(0, len(step.token_ids) - 1)
+                batched.rollback_slot(b, keep)
+                alone.rollback_slot(a, keep)
+        for b, a in slots:
+            assert batched.slot_length(b) == alone.slot_length(a)
+    return differing
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_rows_equal_each_sequence_alone(model_dir, dtype):
+    batched, alone = native_runner_for(model_dir, dtype), native_runner_for(model_dir, dtype)
+    assert isinstance(batched, BatchRunner)
+    assert batch_differences(batched, alone, sequences=5, rounds=40, seed=len(dtype)) == []
+
+
+def split_k_product(self: Linear, x: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+    """A batch-variant kernel: one product over the whole batch that accumulates the inner dimension in two
+    halves when it has more than 4 rows (split-K)."""
+    if x.shape[0] <= 4:
+        return self(x)
+    half = x.shape[1] // 2
+    w = self.dense().to(x.dtype)
+    y = x[:, :half] @ w[:, :half].T + x[:, half:] @ w[:, half:].T
+    return y if self.bias is None else y + self.bias
+
+
+def test_a_batch_variant_kernel_fails_the_invariance_check(model_dir, monkeypatch):
+    batched, alone = native_runner_for(model_dir, "float32"), native_runner_for(model_dir, "float32")
+    monkeypatch.setattr(Linear, "batched", split_k_product)
+    assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
+
+
+def test_the_batch_one_methods_equal_a_batched_forward(model_dir):
+    """prefill/forward (slot 0) and forward_batch on an opened slot give the same logits and states."""
+    runner = native_runner_for(model_dir, "int8")
+    prompt, draft = tuple(range(2, 30)), (3, 4, 5, 6)
+    first = runner.prefill(prompt)
+    logits, hidden = runner.forward(draft, return_hidden=True)
+    slot = runner.open_slot()
+    (prefilled,) = runner.forward_batch([SequenceStep(slot, prompt, "last")])
+    (verified,) = runner.forward_batch([SequenceStep(slot, draft, "all", hidden=True)])
+    assert torch.equal(first, prefilled.logits[0]) and prefilled.hidden is None
+    assert torch.equal(logits, verified.logits) and torch.equal(hidden, verified.hidden)
+    assert runner.slot_length(slot) == runner.cache_length == len(prompt) + len(draft)
+
+
+def test_slots_are_reused_and_refused_when_misused(model_dir):
+    runner = native_runner_for(model_dir, "int8")
+    first, second = runner.open_slot(), runner.open_slot()
+    runner.forward_batch([SequenceStep(first, (2, 3, 4), "none")])
+    runner.close_slot(first)
+    assert runner.open_slot() == first and runner.slot_length(first) == 0  # reused, empty
+    with pytest.raises(InternalError):
+        runner.forward_batch([SequenceStep(second, (2,)), SequenceStep(second, (3,))])
+    with pytest.raises(InternalError):
+        runner.close_slot(0)  # the batch-1 methods' own slot
+    assert runner.slot_bytes() > 0
