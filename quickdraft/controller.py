@@ -8,7 +8,13 @@ time t(n) over n fed tokens:
     T(d, k) = k * c_d + t(k + 1)                     expected seconds it takes     (k = 0: 1, t(1))
 
 and the step takes the (d, k) with the largest E / T, tokens per second; plain decoding, 1 / t(1),
-is always on offer, so drafting is chosen only where it is expected to pay. This is the speedup of
+is always on offer, so drafting is chosen only where it is expected to pay.
+
+In a batch, one forward serves every running request, so a request prices its draft by what it adds
+to the whole step (`BatchLoad`): with the others feeding R rows and expected to yield E' tokens, it
+takes the (d, k) with the largest (E' + E(d, k)) / (k * c_d + t(R + k + 1)). Alone (R = 0, E' = 0) this
+is the rule above; under load the extra rows of a draft cost the batch's marginal row price, so
+speculation backs off as the batch fills and comes back as it empties. This is the speedup of
 `docs/cost_model.md` with two refinements: acceptance by position instead of one rate (an n-gram proposal that
 starts right tends to stay right), and t(n) measured per size rather than assumed to grow (on CPU
 some sizes run faster kernels). A renewal-reward variant (maximise E - rho * T with rho the
@@ -66,21 +72,34 @@ class Choice:
         return self.tokens / self.seconds
 
 
-def estimate(option: DraftOption, k: int, target_seconds: Sequence[float]) -> Choice:
-    """E and T of drafting k tokens with `option`; target_seconds[n - 1] is t(n)."""
+@dataclass(frozen=True)
+class BatchLoad:
+    """The rest of a step's batch, as one request plans its part of it."""
+
+    rows: int = 0  # tokens the other sequences feed
+    sequences: int = 0  # other sequences in the forward
+    tokens: float = 0.0  # tokens the other sequences are expected to yield
+
+
+ALONE = BatchLoad()
+
+
+def estimate(option: DraftOption, k: int, target_seconds: Sequence[float], base_tokens: float = 0.0) -> Choice:
+    """E and T of drafting k tokens with `option` (plus the batch's `base_tokens`); target_seconds[n - 1] is t(n)."""
     seconds = k * option.seconds_per_token + target_seconds[k]
-    return Choice(option.name, k, expected_tokens(option.acceptance, k), seconds)
+    return Choice(option.name, k, base_tokens + expected_tokens(option.acceptance, k), seconds)
 
 
-def choose(options: Sequence[DraftOption], target_seconds: Sequence[float]) -> Choice:
+def choose(options: Sequence[DraftOption], target_seconds: Sequence[float], base_tokens: float = 0.0) -> Choice:
     """The (drafter, k) with the most expected tokens per second; plain decoding wins ties.
 
-    target_seconds: [k_limit + 1] t(1), t(2), ...: k is at most len(target_seconds) - 1.
+    target_seconds: [k_limit + 1] the step's seconds when this request feeds 1, 2, ... tokens: k is at most
+    len(target_seconds) - 1. base_tokens: what the rest of the batch is expected to yield in the same step.
     """
-    best = (None, 0, 1.0, target_seconds[0])  # (drafter, k, E, T), built up without objects: this runs every step
-    best_rate = 1.0 / target_seconds[0]
+    best = (None, 0, 1.0 + base_tokens, target_seconds[0])  # (drafter, k, E, T), no objects: this runs every step
+    best_rate = best[2] / target_seconds[0]
     for option in options:
-        tokens, all_accepted = 1.0, 1.0
+        tokens, all_accepted = 1.0 + base_tokens, 1.0
         for k in range(1, min(len(option.acceptance), len(target_seconds) - 1) + 1):
             all_accepted *= option.acceptance[k - 1]
             tokens += all_accepted
@@ -97,16 +116,18 @@ class Plan:
     drafter: str | None  # the drafter to draft with; None: plain decoding
     k: int  # tokens to draft (a lookup's proposal is cut to k)
     lookups: Mapping[str, Draft] = field(default_factory=dict)  # proposals made before deciding, by drafter name
+    tokens: float = 1.0  # tokens the step is expected to yield for this request (E), as the controller judged
 
 
 class Controller(Protocol):
     """Plans each step of one request and learns from its outcome."""
 
-    def plan(self, context: list[int], limit: int) -> Plan:
-        """The step's drafter and k (k <= limit), given the committed context."""
+    def plan(self, context: list[int], limit: int, load: BatchLoad = ALONE) -> Plan:
+        """The step's drafter and k (k <= limit), given the committed context and the rest of the batch."""
 
-    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
-        """What the step drafted, what the target produced, and how long each part took."""
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float) -> None:
+        """What the step drafted, what the target produced, and how long drafting took (the engine times the
+        target's forward, which the whole batch shares, into `ControllerMemory.target`)."""
 
     def finish(self) -> None:
         """The request has ended."""
@@ -119,10 +140,10 @@ class FixedController:
         self.drafter = drafter
         self.k = k
 
-    def plan(self, context: list[int], limit: int) -> Plan:
+    def plan(self, context: list[int], limit: int, load: BatchLoad = ALONE) -> Plan:
         return Plan(self.drafter, min(self.k, limit))
 
-    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float) -> None:
         pass
 
     def finish(self) -> None:
@@ -169,19 +190,20 @@ class AdaptiveController:
         self._fed = dict.fromkeys(self._credit, 0)  # context length each model drafter has caught up to
         self._context_length = 0  # of the step being planned
 
-    def plan(self, context: list[int], limit: int) -> Plan:
+    def plan(self, context: list[int], limit: int, load: BatchLoad = ALONE) -> Plan:
         limit = min(limit, self._k_max)
         if limit < 1:
             return Plan(None, 0)
         self._context_length = len(context)
         lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if d.lookup_only}
-        target_seconds = [self._memory.target.seconds(n) for n in range(1, limit + 2)]  # [limit + 1]
+        step = self._memory.target.seconds
+        target_seconds = [step(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]  # [limit + 1]
         usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
         options = [self._option(name, lookups, limit) for name in usable]
-        choice = self._explore(choose(options, target_seconds), options, target_seconds)
-        return Plan(choice.drafter, choice.k, lookups)
+        choice = self._explore(choose(options, target_seconds, load.tokens), options, target_seconds, load.tokens)
+        return Plan(choice.drafter, choice.k, lookups, choice.tokens - load.tokens)
 
-    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float, target_seconds: float) -> None:
+    def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float) -> None:
         produced = verdict.tokens
         for name, proposal in plan.lookups.items():
             self._estimate(name, proposal.source).observe(outcomes(proposal.token_ids, produced))
@@ -193,7 +215,6 @@ class AdaptiveController:
             self._credit[name] = (
                 0.0 if name == plan.drafter else self._credit[name] + EXPLORATION_BUDGET * len(produced)
             )
-        self._memory.target.observe(len(draft) + 1, target_seconds)
 
     def finish(self) -> None:
         self._memory.acceptance.update({key: tuple(estimate.means()) for key, estimate in self._estimates.items()})
@@ -215,11 +236,13 @@ class AdaptiveController:
             return DraftOption(name, tuple(self._estimate(name, "").means()[:limit]), cost)
         return DraftOption(name, tuple(self._estimate(name, proposal.source).means()[: len(proposal)]), 0.0)
 
-    def _explore(self, choice: Choice, options: list[DraftOption], target_seconds: list[float]) -> Choice:
+    def _explore(
+        self, choice: Choice, options: list[DraftOption], target_seconds: list[float], base_tokens: float
+    ) -> Choice:
         """A 1-token probe of a model drafter instead, when its credit covers the probe's expected loss."""
         for option in options:
             if option.name in self._credit and option.name != choice.drafter:
-                probe = estimate(option, 1, target_seconds)
+                probe = estimate(option, 1, target_seconds, base_tokens)
                 catch_up = self._memory.draft_seconds(option.name, 0, self._behind(option.name))
                 loss = choice.rate * (probe.seconds + catch_up) - probe.tokens  # tokens the best choice would add
                 if self._credit[option.name] >= loss:

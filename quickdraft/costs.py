@@ -12,9 +12,12 @@ and the speedup of drafting k tokens every step over plain decoding is E(k) / (k
 `time_forwards` is the one timer of target forwards (calibration, `bench`, `bench-runtime`).
 
 `TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
-n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`. `calibrate_target`
-measures the shape once per engine (medians of repeated forwards of 1..max_tokens tokens after a
-short prefill); every step then refines it from its own timing: a persistent change hitting
+n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`; a batched step that
+feeds n rows for s sequences costs `scale * (shape[n] + (s - 1) * per_sequence)` (each sequence
+attends over its own cache). `calibrate_target` measures the shape once per engine (medians of
+repeated forwards of 1..max_tokens tokens after a short prefill; for a batch, sizes up to its most
+rows on a sparse grid, linear in between, and the per-sequence cost from a batch of 1-token
+sequences); every step then refines it from its own timing: a persistent change hitting
 every size (another process taking the CPU, a longer context) moves `scale`, a change at one
 size moves that size. Updates are exponential moving averages in log space with clipped
 residuals, so one stall cannot swing a decision, and the shape drifts back towards the
@@ -33,7 +36,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Drafter
-from quickdraft.models.base import ModelRunner
+from quickdraft.models.base import BatchRunner, ModelRunner, SequenceStep
 
 SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
 SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
@@ -45,15 +48,17 @@ CALIBRATION_CONTEXT = 32  # tokens prefilled before timing forwards
 CALIBRATION_REPEATS = 3  # timings per size at least; the median is kept
 CALIBRATION_MAX_REPEATS = 15  # fast models are timed again until CALIBRATION_SECONDS have passed
 CALIBRATION_SECONDS = 0.25
+BATCH_GRID = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # rows timed past max_tokens when calibrating for a batch
 
 
 class TargetCost:
-    """t(n): seconds of one target step that feeds n tokens."""
+    """t(n): seconds of one target step that feeds n tokens (in s sequences: plus (s - 1) * per_sequence)."""
 
-    def __init__(self, seconds: Sequence[float]) -> None:
+    def __init__(self, seconds: Sequence[float], per_sequence: float = 0.0) -> None:
         self._calibrated = list(seconds)  # [max_tokens]: t(1), t(2), ... as calibrated
         self._shape = list(seconds)  # [max_tokens]: as refined
         self._scale = 1.0
+        self.per_sequence = per_sequence  # seconds each further sequence of a batched step adds, at scale 1
 
     @property
     def max_tokens(self) -> int:
@@ -64,18 +69,26 @@ class TargetCost:
         """How much slower than at calibration the target runs now (every size alike)."""
         return self._scale
 
-    def seconds(self, tokens: int) -> float:
-        """t(tokens). Not forced to grow with `tokens`: kernels differ by size, and a size that is
-        measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing."""
-        return self._scale * self._shape[tokens - 1]
+    def seconds(self, tokens: int, sequences: int = 1) -> float:
+        """t(tokens) for a step of `sequences` sequences. Not forced to grow with `tokens`: kernels differ by
+        size, and a size that is measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing.
+        Past the calibrated sizes, the last two extend linearly."""
+        return self._scale * (self._shape_at(tokens) + (sequences - 1) * self.per_sequence)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
         self._shape = [
             shape * (calibrated / shape) ** SHAPE_REVERSION for shape, calibrated in zip(self._shape, self._calibrated)
         ]
-        residual = _clipped_log_ratio(seconds, self._scale * self._shape[tokens - 1])
+        residual = _clipped_log_ratio(seconds, self.seconds(tokens, sequences))
         self._scale *= math.exp(SCALE_RATE * residual)
-        self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
+        if tokens <= self.max_tokens:
+            self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
+
+    def _shape_at(self, tokens: int) -> float:
+        if tokens <= self.max_tokens:
+            return self._shape[tokens - 1]
+        slope = self._shape[-1] - self._shape[-2] if self.max_tokens > 1 else self._shape[-1]
+        return self._shape[-1] + (tokens - self.max_tokens) * max(slope, 0.0)
 
 
 class DraftCost:
@@ -150,19 +163,56 @@ def relative_costs(forward_seconds: dict[int, float]) -> dict[int, float]:
     return {n - 1: seconds / forward_seconds[1] for n, seconds in forward_seconds.items()}
 
 
-def calibrate_target(runner: ModelRunner, max_tokens: int) -> TargetCost:
+def calibrate_target(runner: ModelRunner, max_tokens: int, max_batch: int = 1) -> TargetCost:
     """t(1..max_tokens) after a short dummy prefill (the cache is left dirty), in rounds for about
-    CALIBRATION_SECONDS."""
+    CALIBRATION_SECONDS; for a batch, t up to max_batch * max_tokens rows (on `BATCH_GRID`, linear in
+    between) and the per-sequence cost."""
+    max_rows = max_tokens * max_batch
+    sizes = [*range(1, max_tokens + 1), *sorted({n for n in BATCH_GRID if max_tokens < n < max_rows} | {max_rows})]
+    context = _dummy_context(runner.info.vocab_size)
     seconds = time_forwards(
         runner,
-        _dummy_context(runner.info.vocab_size),
-        range(1, max_tokens + 1),
+        context,
+        sorted(set(sizes)),
         min_rounds=CALIBRATION_REPEATS,
         max_rounds=CALIBRATION_MAX_REPEATS,
         min_seconds=CALIBRATION_SECONDS,
         with_rollback=True,
     )
-    return TargetCost(list(seconds.values()))
+    shape = _interpolated(seconds, max_rows)
+    if max_batch == 1 or not isinstance(runner, BatchRunner):
+        return TargetCost(shape)
+    batch_seconds = _time_batch_of_single_tokens(runner, context, max_batch)
+    return TargetCost(shape, max(batch_seconds - shape[max_batch - 1], 0.0) / (max_batch - 1))
+
+
+def _interpolated(seconds: dict[int, float], max_rows: int) -> list[float]:
+    """[max_rows] t(1..max_rows) from the timed sizes, linear between them."""
+    timed = sorted(seconds)
+    shape = []
+    for n in range(1, max_rows + 1):
+        upper = next(size for size in timed if size >= n)
+        lower = max((size for size in timed if size <= n), default=upper)
+        weight = 0.0 if upper == lower else (n - lower) / (upper - lower)
+        shape.append(seconds[lower] + weight * (seconds[upper] - seconds[lower]))
+    return shape
+
+
+def _time_batch_of_single_tokens(runner: BatchRunner, context: list[int], sequences: int) -> float:
+    """Median seconds of one batched forward of `sequences` sequences feeding 1 token each after `context`."""
+    slots = [runner.open_slot() for _ in range(sequences)]
+    runner.forward_batch([SequenceStep(slot, tuple(context), "none") for slot in slots])
+
+    def forward() -> None:
+        runner.forward_batch([SequenceStep(slot, (context[0],)) for slot in slots])
+        for slot in slots:
+            runner.rollback_slot(slot, len(context))
+
+    forward()
+    seconds = _median_seconds(forward)
+    for slot in slots:
+        runner.close_slot(slot)
+    return seconds
 
 
 def calibrate_drafter(drafter: Drafter, target: ModelRunner, tokens: int = 3, behind: int = 16) -> DraftCost:

@@ -1,69 +1,56 @@
-"""The speculative decoding loop and the Python API.
+"""The speculative decoding loop over many requests at once, and the Python API.
 
     engine = Engine.from_names("smollm2-135m-instruct", drafter="ngram", k=4)
     result = engine.generate("Tell me a story", SamplingParams(max_new_tokens=64), chat=True)
     print(result.text, result.stats.mean_accepted_length)
     for event in engine.stream("Hello", SamplingParams(temperature=0.7, seed=1)):
         ...  # TextDelta events, then one Finished event
+    for index, event in engine.stream_many(["Hi", "Hello"], SamplingParams()):
+        ...  # both run in one batch; each one's events in order
 
-One step: the controller chooses a drafter and k (fixed, or per step under k="auto", see
-`controller.py`); the drafter proposes k tokens; the target runs one forward over the pending
-token plus the draft; the verifier keeps a prefix of the draft and adds one target token; the
-caches are rolled back to the committed length; the controller learns from the outcome. The
-target cache always holds every committed token except the newest one (the *pending* token),
-which is fed with the next draft.
+One step serves every running request (`step`). Waiting requests are admitted while KV cache slots
+are free (at most `max_batch` run). Each running request either reads the next chunk of its prompt
+(prefills share a budget of `step_tokens` per step, so a new arrival gets its first token within a
+bounded time while running streams keep flowing) or decodes: its controller chooses a drafter and k
+(fixed, or per step under k="auto", priced against the rest of the batch, see `controller.py`), the
+drafter proposes, and the pending token plus the draft join the batch. One target forward runs over
+all of it; each request then verifies its own rows, keeps a prefix of its draft plus one target
+token, and rolls its slot back to the committed length. A request's slot always holds every committed
+token except the newest one (the *pending* token), which is fed with the next draft.
+
+Nothing of one request flows into another: each has its own drafter instances, controller, sampler
+and generator (`running.py`), and the target's batched rows are bit-identical to the rows the same
+tokens give alone (`models/base.py`), so a request's output does not depend on what else runs.
 """
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Literal
 
 import torch
 
-from quickdraft import sampling
 from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecConfig
-from quickdraft.controller import AdaptiveController, Controller, ControllerMemory, FixedController, Plan
+from quickdraft.controller import AdaptiveController, BatchLoad, Controller, ControllerMemory, FixedController
 from quickdraft.costs import calibrate_drafter, calibrate_target
-from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
+from quickdraft.drafters.base import Drafter, DrafterLoadOptions
 from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
-from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
-from quickdraft.stats import GenerationStats
-from quickdraft.text import IncrementalDetokenizer, Messages, StopMatcher, encode_prompt
-from quickdraft.verify import Verdict, greedy_verify, rejection_sample
+from quickdraft.models.single_slot import batch_view
+from quickdraft.output import Event, Failed, Finished, RequestOutput, TextDelta
+from quickdraft.running import DecodePlan, RunningRequest
+from quickdraft.text import Messages, encode_prompt
 
-FinishReason = Literal["stop", "length"]
+__all__ = ["Engine", "Event", "Failed", "Finished", "TextDelta"]
 
-
-@dataclass(frozen=True)
-class TextDelta:
-    """Output of one step: new text, safe to show (never part of a stop string).
-
-    One is yielded after every step, even when the text is empty (held back as a possible stop
-    string or an incomplete character), so a consumer can cancel within one step.
-    """
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The last event of a stream."""
-
-    text: str  # the whole output text
-    token_ids: tuple[int, ...]  # the output tokens (EOS excluded)
-    finish_reason: FinishReason  # "stop": EOS or a stop string; "length": max_new_tokens or context full
-    stats: GenerationStats
-
-
-Event = TextDelta | Finished
+DEFAULT_STEP_TOKENS = 256  # prompt tokens all prefilling requests may feed in one step, together
 
 
 class Engine:
-    """A target model, its drafters, and the loop that runs them."""
+    """A target model, its drafters, and the loop that runs many requests over them."""
 
     def __init__(
         self,
@@ -71,18 +58,32 @@ class Engine:
         spec: SpecConfig = SpecConfig(),
         drafter_options: DrafterLoadOptions = DrafterLoadOptions(),
         *,
+        max_batch: int = 1,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
         costs: ControllerMemory | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """`costs`: the controller's cost model and acceptance to start from (None: calibrated before the first
-        k="auto" request). `clock`: seconds for stats and the controller; a replay passes a clock that its
-        stand-in target advances by modelled step times (`bench/replay.py`)."""
+        """`max_batch`: most requests running at once (a runner that holds one sequence runs one).
+        `step_tokens`: prompt tokens prefilled per step. `costs`: the controller's cost model and acceptance
+        to start from (None: calibrated before the first k="auto" request). `clock`: seconds for stats and the
+        controller; a replay passes a clock that its stand-in target advances by modelled step times
+        (`bench/replay.py`)."""
+        if max_batch < 1 or step_tokens < 1:
+            raise UsageError(f"max_batch and step_tokens must be >= 1, got {max_batch} and {step_tokens}")
         self.target = target
         self.spec = spec
         self.drafter_options = drafter_options
+        self._batch, slot_limit = batch_view(target.runner)
+        self.max_batch = min(max_batch, slot_limit or max_batch)
+        self.step_tokens = step_tokens
         self._drafters: dict[str, Drafter] = {}
         self._memory = costs  # measured costs and acceptance, shared by requests
         self._clock = clock
+        self._waiting: deque[tuple[int, list[int], SamplingParams, SpecConfig, float]] = deque()
+        self._running: list[RunningRequest] = []
+        self._finished_events: list[tuple[int, Event]] = []  # of requests that left the batch this step
+        self.last_step: tuple[int, int] | None = None  # (sequences, rows) of the latest step's target forward
+        self._next_id = 0
 
     @classmethod
     def from_names(
@@ -95,14 +96,20 @@ class Engine:
         dtype: str = "auto",
         device: str = "cpu",
         threads: int | None = None,
+        max_batch: int = 1,
     ) -> "Engine":
         """`Engine.load` with the config given field by field."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
-        return cls.load(config, drafter, k, k_max)
+        return cls.load(config, drafter, k, k_max, max_batch)
 
     @classmethod
     def load(
-        cls, config: EngineConfig, drafter: str | None = None, k: int | Literal["auto"] = "auto", k_max: int = 8
+        cls,
+        config: EngineConfig,
+        drafter: str | None = None,
+        k: int | Literal["auto"] = "auto",
+        k_max: int = 8,
+        max_batch: int = 1,
     ) -> "Engine":
         """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: `default_drafter` for
         the target), and calibrate costs for k="auto"."""
@@ -114,7 +121,8 @@ class Engine:
         target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)
         if drafter is None:
             spec = replace(spec, drafter=default_drafter(target, k))
-        engine = cls(target, spec, DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device))
+        options = DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device)
+        engine = cls(target, spec, options, max_batch=max_batch)
         for name in spec.drafters:
             engine.drafter(name)
         if spec.adaptive:
@@ -122,7 +130,8 @@ class Engine:
         return engine
 
     def drafter(self, name: str) -> Drafter:
-        """The drafter called `name`, built on first use and kept for later requests."""
+        """The drafter called `name`, built on first use and kept for later requests (each request drafts with
+        its own `fork` of it)."""
         if name not in self._drafters:
             self._drafters[name] = make_drafter(name, self.target, self.drafter_options)
         return self._drafters[name]
@@ -132,15 +141,18 @@ class Engine:
         self._drafters[name] = drafter
 
     def calibrate(self, spec: SpecConfig | None = None) -> ControllerMemory:
-        """Measure, once per engine, the target's step time over 1..k_max+1 tokens and each model drafter's
-        time per token.
+        """Measure, once per engine, the target's step time over 1..k_max+1 tokens (for a batch, up to
+        max_batch times that many rows) and each model drafter's time per token.
 
-        Done before the first k="auto" request (the target's cache is reset by every prefill);
-        the result is refined by every later step.
+        Done before the first k="auto" request, on the target's own batch-1 slot; the result is refined by
+        every later step.
         """
         spec = spec or self.spec
-        if self._memory is None or self._memory.target.max_tokens < spec.k_max + 1:
-            self._memory = ControllerMemory(calibrate_target(self.target.runner, spec.k_max + 1))
+        if self._memory is None or self._memory.target.max_tokens < (spec.k_max + 1) * self.max_batch:
+            target = calibrate_target(self.target.runner, spec.k_max + 1, self.max_batch)
+            if self._memory is None:
+                self._memory = ControllerMemory(target)
+            self._memory.target = target
         for name, drafter in self._candidates(spec).items():
             if not drafter.lookup_only and name not in self._memory.draft_costs:
                 self._memory.add_draft_cost(name, calibrate_drafter(drafter, self.target.runner))
@@ -148,6 +160,16 @@ class Engine:
 
     def encode(self, prompt: str | Messages, chat: bool = False) -> list[int]:
         return encode_prompt(self.target.tokenizer, prompt, chat, self.target.info.name)
+
+    def kv_bytes_per_slot(self) -> int:
+        """KV cache bytes a running request may take at the full context (0: the runner reserves nothing)."""
+        return self._batch.slot_bytes()
+
+    def spec_with(self, **changes) -> SpecConfig:
+        """This engine's default SpecConfig with some fields replaced (validated)."""
+        return replace(self.spec, **changes)
+
+    # --- one request at a time ---
 
     def generate(
         self,
@@ -174,15 +196,195 @@ class Engine:
         """Yield `TextDelta` events as text is committed, then one `Finished` event.
 
         `prompt` is text (rendered through the chat template when `chat`), chat messages, or
-        token ids. Closing the iterator early stops generation after the current step.
+        token ids. Closing the iterator early stops generation after the current step. The engine
+        must be idle (use `stream_many`, or `submit` and `step`, for several requests at once).
         """
+        if self.busy:
+            raise UsageError("the engine is running other requests; use stream_many, or submit and step")
+        request_id = self.submit(prompt, params, chat=chat, spec=spec)
+        for _, event in self._drain({request_id}):
+            if isinstance(event, Failed):
+                raise event.error
+            yield event
+
+    # --- many requests at once ---
+
+    def stream_many(
+        self,
+        prompts: Sequence[str | Messages | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+        *,
+        chat: bool = False,
+        spec: SpecConfig | None = None,
+    ) -> Iterator[tuple[int, Event]]:
+        """Run every prompt in one batch (at most `max_batch` at a time, the rest waiting); yield (index of the
+        prompt, event) as steps produce them. `params`: one for all, or one per prompt. Each prompt's events
+        come in order and end with `Finished` (or `Failed`). Closing the iterator early cancels what has not
+        finished."""
+        if self.busy:
+            raise UsageError("the engine is running other requests; submit and step instead")
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise UsageError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params; pass one or one each")
+        ids = [self.submit(prompt, p, chat=chat, spec=spec) for prompt, p in zip(prompts, per_prompt)]
+        index = {request_id: i for i, request_id in enumerate(ids)}
+        return ((index[request_id], event) for request_id, event in self._drain(set(ids)))
+
+    def submit(
+        self,
+        prompt: str | Messages | list[int],
+        params: SamplingParams = SamplingParams(),
+        *,
+        chat: bool = False,
+        spec: SpecConfig | None = None,
+    ) -> int:
+        """Queue a request (checked now: a prompt that does not fit raises `UsageError`); its id for `step`'s
+        events and `cancel`."""
         prompt_ids = list(prompt) if _is_token_ids(prompt) else self.encode(prompt, chat)
         self._check_fits(prompt_ids)
-        return self._run(prompt_ids, params, spec or self.spec)
+        request_id, self._next_id = self._next_id, self._next_id + 1
+        self._waiting.append((request_id, prompt_ids, params, spec or self.spec, self._clock()))
+        return request_id
 
-    def spec_with(self, **changes) -> SpecConfig:
-        """This engine's default SpecConfig with some fields replaced (validated)."""
-        return replace(self.spec, **changes)
+    def cancel(self, request_id: int) -> None:
+        """Forget a request, waiting or running (a no-op once it has finished): the others lose nothing."""
+        self._waiting = deque(w for w in self._waiting if w[0] != request_id)
+        for request in [r for r in self._running if r.request_id == request_id]:
+            self._release(request)
+
+    @property
+    def busy(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self._waiting or self._running)
+
+    @property
+    def request_counts(self) -> tuple[int, int]:
+        """(running, waiting) requests."""
+        return len(self._running), len(self._waiting)
+
+    def step(self) -> list[tuple[int, Event]]:
+        """Admit waiting requests into free slots, run one step for every running one; the (request id, event)
+        pairs it produced, in order. A request's last event is `Finished`, or `Failed` when its drafter or
+        the forward raised (the other requests go on)."""
+        self._admit()
+        self.last_step = None
+        if not self._running:
+            return self._collect()
+        prefills, decodes = self._parts()
+        parts = [part for _, part, _ in prefills] + [request.decode_part(plan) for request, plan in decodes]
+        committed = {request.request_id: self._batch.slot_length(request.slot) for request, _ in decodes}
+        started = self._clock()
+        try:
+            outputs = self._batch.forward_batch(parts)
+        except Exception as error:  # the batch is lost; every request in it fails, the engine goes on
+            for request in [r for r, _, _ in prefills] + [r for r, _ in decodes]:
+                self._fail(request, error)
+            return self._collect()
+        seconds = self._clock() - started
+        self.last_step = (len(parts), sum(len(p.token_ids) for p in parts))
+        if self._memory is not None:
+            self._memory.target.observe(self.last_step[1], seconds, len(parts))
+        for (request, part, _), out in zip(prefills, outputs):
+            self._guarded(request, lambda r=request, p=part, o=out: r.take_prefill(p, o))
+        for (request, plan), out in zip(decodes, outputs[len(prefills) :]):
+            request.stats.verify_seconds += seconds
+            self._guarded(request, lambda r=request, p=plan, o=out: self._verified(r, p, o, committed))
+        return self._collect()
+
+    # --- the step's parts ---
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_batch:
+            request_id, prompt_ids, params, spec, submitted = self._waiting.popleft()
+            try:
+                request = self._start(request_id, prompt_ids, params, spec, submitted)
+            except Exception as error:
+                self._finished_events.append((request_id, Failed(error)))
+                continue
+            request.slot = self._batch.open_slot()
+            self._running.append(request)
+
+    def _start(
+        self, request_id: int, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig, submitted: float
+    ) -> RunningRequest:
+        runner = self.target.runner
+        budget = min(params.max_new_tokens, runner.info.max_context - len(prompt_ids))
+        output = RequestOutput(self.target.tokenizer, self.target.info.eos_token_ids, prompt_ids, params, budget)
+        drafters = {name: self.drafter(name).fork() for name in spec.drafters}
+        controller = self._controller(spec, drafters)
+        return RunningRequest(request_id, output, params, drafters, controller, self._clock, submitted, runner.device)
+
+    def _parts(self) -> tuple[list, list[tuple[RunningRequest, DecodePlan]]]:
+        """This step's prefill chunks (request, part, None), FIFO within `step_tokens`, and each decoding
+        request's plan, priced against the rest of the batch."""
+        budget, prefills = self.step_tokens, []
+        for request in self._running:
+            if request.prefilling and budget > 0:
+                part = request.prefill_part(budget)
+                budget -= len(part.token_ids)
+                prefills.append((request, part, None))
+        decoding = [r for r in self._running if not r.prefilling and not r.done]
+        rows = sum(len(part.token_ids) for _, part, _ in prefills) + len(decoding)
+        sequences, tokens = len(prefills) + len(decoding), float(len(decoding))
+        decodes = []
+        for request in decoding:
+            load = BatchLoad(rows=rows - 1, sequences=sequences - 1, tokens=tokens - 1)
+            plan = self._guarded(request, lambda r=request, lo=load: r.plan(lo))
+            if plan is None:
+                continue
+            rows += len(plan.draft)
+            tokens += plan.plan.tokens - 1
+            decodes.append((request, plan))
+        return prefills, decodes
+
+    def _verified(self, request: RunningRequest, plan: DecodePlan, out, committed: dict[int, int]) -> None:
+        keep = request.take_verification(plan, out, committed[request.request_id])
+        self._batch.rollback_slot(request.slot, keep)
+
+    def _guarded(self, request: RunningRequest, action: Callable[[], object]):
+        """action()'s result, or None when it raised: then the request fails and leaves the batch."""
+        try:
+            return action()
+        except Exception as error:
+            self._fail(request, error)
+            return None
+
+    def _fail(self, request: RunningRequest, error: Exception) -> None:
+        request.fail(error)
+        self._release(request, keep_events=True)
+
+    def _collect(self) -> list[tuple[int, Event]]:
+        """Finish the requests that are done; every event of this step, in order."""
+        for request in [r for r in self._running if r.done]:
+            request.finish()
+            self._release(request, keep_events=True)
+        events, self._finished_events = self._finished_events, []
+        for request in self._running:
+            events.extend((request.request_id, event) for event in request.events)
+            request.events.clear()
+        return events
+
+    def _release(self, request: RunningRequest, keep_events: bool = False) -> None:
+        """Take a request out of the batch: its slot and its drafters' state go back."""
+        self._running.remove(request)
+        self._batch.close_slot(request.slot)
+        for drafter in request.drafters.values():
+            drafter.finish()
+        if keep_events:
+            self._finished_events.extend((request.request_id, event) for event in request.events)
+
+    def _drain(self, request_ids: set[int]) -> Iterator[tuple[int, Event]]:
+        """Step until every request of `request_ids` has ended; cancel the rest if the consumer stops early."""
+        open_ids = set(request_ids)
+        try:
+            while open_ids:
+                for request_id, event in self.step():
+                    yield request_id, event
+                    if isinstance(event, Finished | Failed):
+                        open_ids.discard(request_id)
+        finally:
+            for request_id in open_ids:
+                self.cancel(request_id)
 
     def _check_fits(self, prompt_ids: list[int]) -> None:
         limit = self.target.info.max_context
@@ -194,161 +396,17 @@ class Engine:
             )
 
     def _candidates(self, spec: SpecConfig) -> dict[str, Drafter]:
-        """The drafters a request may draft with, by name ("none" drafts nothing)."""
+        """The engine's drafters a request may draft with, by name ("none" drafts nothing)."""
         return {name: self.drafter(name) for name in spec.drafters if name != "none"}
 
-    def _controller(self, spec: SpecConfig) -> Controller:
+    def _controller(self, spec: SpecConfig, drafters: dict[str, Drafter]) -> Controller:
         if not spec.adaptive:
             return FixedController(spec.drafter, spec.k)
-        candidates = self._candidates(spec)
+        candidates = {name: drafter for name, drafter in drafters.items() if name != "none"}
         if not candidates:
             return FixedController("none", 0)
         return AdaptiveController(candidates, self.calibrate(spec), spec.k_max)
 
-    def _run(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig) -> Iterator[Event]:
-        runner = self.target.runner
-        budget = min(params.max_new_tokens, runner.info.max_context - len(prompt_ids))
-        request = _Request(self.target, prompt_ids, params, budget)
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        generator = sampling.make_generator(params.seed, runner.device)
-        controller = self._controller(spec)
-        for name in spec.drafters:
-            self.drafter(name).begin(prompt_ids, params, generator)
-        started = self._clock()
-        hidden_readers = [d for d in self._candidates(spec).values() if d.needs_target_hidden]
-        first = sampling.choose(_prefill(runner, prompt_ids, hidden_readers)[None], params, generator)  # [1]
-        stats.target_forwards = 1
-        request.commit((int(first),))
-        stats.prefill_seconds = self._clock() - started
-        yield from request.deltas()
-        while not request.finish_reason:
-            self._step(request, controller, hidden_readers, generator, stats)
-            yield from request.deltas()
-        controller.finish()
-        stats.generated_tokens = len(request.generated)
-        stats.total_seconds = self._clock() - started
-        yield Finished(request.visible_text(), tuple(request.generated), request.finish_reason, stats)
-
-    def _step(
-        self,
-        request: "_Request",
-        controller: Controller,
-        hidden_readers: list[Drafter],
-        generator: torch.Generator,
-        stats: GenerationStats,
-    ) -> None:
-        runner = self.target.runner
-        started = self._clock()
-        plan = controller.plan(request.context, request.remaining - 1)
-        planned = self._clock()
-        draft = self._draft(plan, request.context)
-        drafted = self._clock()
-        committed_length = runner.cache_length
-        logits, hidden = _forward(
-            runner, [request.pending, *draft.token_ids], hidden_readers
-        )  # [len(draft) + 1, vocab]
-        verdict = _verify(draft, logits, request.params, generator)
-        runner.rollback(committed_length + 1 + verdict.num_accepted)
-        verified = self._clock()
-        controller.observe(plan, draft, verdict, drafted - planned, verified - drafted)
-        for reader in hidden_readers:
-            reader.observe_target(hidden[: verdict.num_accepted + 1])  # states of the committed positions
-        stats.draft_seconds += drafted - started
-        stats.verify_seconds += verified - drafted
-        stats.record_step(len(draft), verdict.num_accepted, plan.drafter or "none")
-        request.commit(verdict.tokens)
-
-    def _draft(self, plan: Plan, context: list[int]) -> Draft:
-        """The plan's k tokens: cut from a lookup already made, or proposed now."""
-        if plan.k == 0 or plan.drafter is None:
-            return Draft(token_ids=())
-        if plan.drafter in plan.lookups:
-            return plan.lookups[plan.drafter].truncated(plan.k)
-        return self.drafter(plan.drafter).propose(context, plan.k)
-
-
-def _prefill(runner: ModelRunner, prompt_ids: list[int], hidden_readers: list[Drafter]) -> torch.Tensor:
-    """The prompt's last logits [vocab]; drafters that read target states get the prompt's."""
-    if not hidden_readers:
-        return runner.prefill(prompt_ids)
-    logits, hidden = runner.prefill(prompt_ids, return_hidden=True)  # [vocab], [prompt, hidden]
-    for reader in hidden_readers:
-        reader.observe_target(hidden)
-    return logits
-
-
-def _forward(
-    runner: ModelRunner, token_ids: list[int], hidden_readers: list[Drafter]
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits [n, vocab], plus the states [n, hidden] when a drafter reads them (else None)."""
-    if not hidden_readers:
-        return runner.forward(token_ids), None
-    return runner.forward(token_ids, return_hidden=True)
-
-
-def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
-    draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)  # [k]
-    if params.greedy:
-        return greedy_verify(draft_ids, target_logits)
-    return rejection_sample(draft_ids, draft.probs, sampling.warp(target_logits, params), generator)
-
 
 def _is_token_ids(prompt: object) -> bool:
     return isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and bool(prompt)
-
-
-class _Request:
-    """Committed output of one request: tokens, text, stop handling, what has been streamed."""
-
-    def __init__(self, target: LoadedModel, prompt_ids: list[int], params: SamplingParams, budget: int) -> None:
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.budget = budget  # most tokens this request may generate (max_new_tokens and context)
-        self.generated: list[int] = []
-        self.finish_reason: FinishReason | None = None
-        self._eos = frozenset() if params.ignore_eos else target.info.eos_token_ids
-        self._detokenizer = IncrementalDetokenizer(target.tokenizer)
-        self._stop = StopMatcher(params.stop)
-        self._text_end: int | None = None  # set when a stop string cuts the text
-        self._streamed = 0  # characters already handed out as deltas
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.generated
-
-    @property
-    def pending(self) -> int:
-        return self.generated[-1]
-
-    @property
-    def remaining(self) -> int:
-        return self.budget - len(self.generated)
-
-    def commit(self, tokens: tuple[int, ...]) -> None:
-        """Append tokens one by one until EOS, a stop string or the budget ends the request."""
-        for token in tokens:
-            if token in self._eos:
-                self.finish_reason = "stop"
-                return
-            self.generated.append(token)
-            new_from = len(self._detokenizer.text)
-            self._detokenizer.add(token)
-            stop_at = self._stop.find(self._detokenizer.text, new_from)
-            if stop_at is not None:
-                self._text_end = stop_at
-                self.finish_reason = "stop"
-                return
-            if self.remaining == 0:
-                self.finish_reason = "length"
-                return
-
-    def visible_text(self) -> str:
-        return self._detokenizer.text[: self._text_end]
-
-    def deltas(self) -> Iterator[TextDelta]:
-        """The step's delta; at the end only if text is left, so every delta precedes `Finished`."""
-        text = self.visible_text()
-        end = len(text) if self.finish_reason else self._stop.safe_length(text)
-        if end > self._streamed or not self.finish_reason:
-            yield TextDelta(text[self._streamed : end])
-            self._streamed = max(end, self._streamed)

@@ -37,9 +37,9 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "rollback-off-by-one",
-        "quickdraft/engine.py",
-        "runner.rollback(committed_length + 1 + verdict.num_accepted)",
-        "runner.rollback(committed_length + verdict.num_accepted)",
+        "quickdraft/running.py",
+        "return committed_length + 1 + verdict.num_accepted",
+        "return committed_length + verdict.num_accepted",
         ("tests/test_exactness.py", "-k", "cache_free"),
     ),
     Mutant(
@@ -59,13 +59,27 @@ MUTANTS = [
     Mutant(
         "kv-write-one-position-late",
         "quickdraft/models/native/runner.py",
-        "self._cache.write(i, start, qk[:, spec.num_heads :], values)",
-        "self._cache.write(i, start + 1, qk[:, spec.num_heads :], values)",
+        "seq.cache.write(i, seq.start, keys, values)",
+        "seq.cache.write(i, seq.start + 1, keys, values)",
         ("tests/test_exactness.py", "-k", "cache_free and native"),
     ),
     Mutant(
-        "eos-ignored-inside-an-accepted-draft",
+        "batched-verdicts-swapped",
         "quickdraft/engine.py",
+        "zip(decodes, outputs[len(prefills) :])",
+        "zip(decodes, outputs[len(prefills) :][::-1])",
+        ("tests/test_batch_engine.py", "-k", "solo_greedy and llama and int8"),
+    ),
+    Mutant(
+        "batched-sequence-reads-the-first-slot",
+        "quickdraft/models/native/runner.py",
+        "cache, n = self._slots[step.slot], len(step.token_ids)",
+        "cache, n = self._slots[steps[0].slot], len(step.token_ids)",
+        ("tests/test_batch_runtime.py",),
+    ),
+    Mutant(
+        "eos-ignored-inside-an-accepted-draft",
+        "quickdraft/output.py",
         "            if token in self._eos:\n",
         "            if token in self._eos and token == tokens[-1]:\n",
         ("tests/test_exactness.py", "tests/test_engine.py", "-k", "eos"),

@@ -199,9 +199,7 @@ def simulate(controller, drafters, steps: int, target_token: int, catch_up: floa
             draft = drafters[plan.drafter].propose([], plan.k) if plan.k else Draft(())
         accepted = sum(outcomes(draft.token_ids, (target_token,) * len(draft)))
         draft_seconds = 0.3 * len(draft) + catch_up * behind if plan.drafter == "model" else 0.0
-        controller.observe(
-            plan, draft, Verdict(accepted, (target_token,) * (accepted + 1)), draft_seconds, LINEAR_TARGET[len(draft)]
-        )
+        controller.observe(plan, draft, Verdict(accepted, (target_token,) * (accepted + 1)), draft_seconds)
         behind = 1 if plan.drafter == "model" else behind + accepted + 1
         choices.append((plan.drafter, plan.k))
         tokens += accepted + 1
@@ -278,7 +276,7 @@ DRAFTERS = ["ngram", "draft-self", "draft-other", "ngram,draft-self", "ngram,dra
 
 
 class PinnedTargetCost(TargetCost):
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
         pass
 
 

@@ -239,6 +239,9 @@ class SelfWithRejections(DraftModelDrafter):
         super().begin(prompt_ids, params, generator)
         self.steps: list[tuple[int, tuple[int, ...]]] = []
 
+    def fork(self):
+        return self  # one request at a time: the test reads the steps of the drafter it made
+
     def propose(self, context_ids, k):
         tokens = super().propose(context_ids, k).token_ids
         if len(self.steps) % 2 and len(tokens) > 1:

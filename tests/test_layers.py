@@ -1,9 +1,9 @@
 """The package's import structure runs downward: each module imports only layers below its own.
 
-Layers, from the bottom: plain values and errors; configuration and text; models and sampling;
-drafters; costs; the controller; the engine; the tools built on the engine (bench, distill,
-server, each on its own); the commands; the CLI. Modules of one package may import each other.
-An import running back up (say the head drafter reaching into the training code) fails here.
+Layers, from the bottom: plain values and errors; configuration and text; models, sampling and a
+request's output; drafters; costs; the controller; a running request; the engine; the tools built on
+the engine (bench, distill, server, each on its own); the commands; the CLI. Modules of one package
+may import each other. An import running back up (say the head drafter reaching into the training code) fails here.
 """
 
 import ast
@@ -14,11 +14,13 @@ LAYERS = [
     ("quickdraft",),  # the package's __init__: lazy re-exports only
     ("quickdraft.errors", "quickdraft.verify", "quickdraft.stats", "quickdraft.acceptance"),
     ("quickdraft.config", "quickdraft.text"),
-    ("quickdraft.models", "quickdraft.sampling"),
+    ("quickdraft.models", "quickdraft.sampling", "quickdraft.output"),
     ("quickdraft.drafters",),
     ("quickdraft.costs",),
     ("quickdraft.controller",),
+    ("quickdraft.running",),
     ("quickdraft.engine",),
+    ("quickdraft.async_engine",),
     ("quickdraft.bench", "quickdraft.distill", "quickdraft.server"),
     ("quickdraft.commands",),
     ("quickdraft.cli",),

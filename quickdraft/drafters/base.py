@@ -6,6 +6,9 @@ Lifecycle per request: `begin` once, then `propose` once per step. The context p
 `propose` is the whole committed sequence (prompt + generated tokens); a drafter with a cache
 rolls it back to whatever prefix of its own history is still valid.
 
+Each running request drafts with its own `fork` of a drafter, released with `finish` when the request
+ends, so requests batched together never share drafter state.
+
 Two capabilities have defaults that a drafter subclassing `Drafter` inherits and may override:
 
 - `lookup_only` (default False): proposing costs a lookup, not a model forward (n-gram). The
@@ -19,6 +22,7 @@ Two capabilities have defaults that a drafter subclassing `Drafter` inherits and
   Other drafters cost nothing: the engine only requests states when the flag is set.
 """
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +67,15 @@ class Drafter(Protocol):
     def observe_target(self, hidden: torch.Tensor) -> None:
         """The target's states [n, hidden] at the next n committed positions (only if `needs_target_hidden`)."""
         raise NotImplementedError(f"{type(self).__name__} reads no target states; it must not set needs_target_hidden")
+
+    def fork(self) -> "Drafter":
+        """A drafter with this one's weights and request state of its own: the engine drafts each running
+        request with a fork. The default, a shallow copy, suits a drafter whose `begin` replaces all of its
+        request state; one holding a cache elsewhere (a draft model's KV cache) overrides it."""
+        return copy.copy(self)
+
+    def finish(self) -> None:
+        """The fork's request has ended: give back what it holds (a KV cache slot). Default: nothing."""
 
 
 @dataclass(frozen=True)

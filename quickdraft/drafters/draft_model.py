@@ -7,6 +7,8 @@ are cut or padded to the target's vocabulary before warping, so the distribution
 drawn from is exactly the `probs` row handed to the verifier.
 """
 
+import copy
+
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -14,8 +16,9 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.errors import UsageError
-from quickdraft.models.base import ModelRunner
+from quickdraft.models.base import BatchRunner, ModelRunner
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.slot_view import SlotView
 
 MAX_TOKENIZER_SIZE_DIFFERENCE = 128  # tokenizers may differ by a few added/padding tokens at the end
 
@@ -40,6 +43,17 @@ class DraftModelDrafter(Drafter):
         self._params = params
         self._generator = generator
 
+    def fork(self) -> "DraftModelDrafter":
+        """A drafter over a KV cache slot of its own in the same draft model (released by `finish`)."""
+        fork = copy.copy(self)
+        if isinstance(self.runner, BatchRunner):
+            fork.runner, fork._cached_ids = SlotView(self.runner), []
+        return fork  # else one cache: forks share it and its record (see `_catch_up`)
+
+    def finish(self) -> None:
+        if isinstance(self.runner, SlotView):
+            self.runner.close()
+
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k == 0:
             return Draft(token_ids=())
@@ -56,18 +70,20 @@ class DraftModelDrafter(Drafter):
         return Draft(token_ids=tuple(tokens), probs=torch.stack(rows))  # probs: [k, target_vocab]
 
     def _catch_up(self, context_ids: list[int]) -> torch.Tensor:
-        """Roll back to the shared prefix, feed the rest of the context; logits of its last token."""
+        """Roll back to the shared prefix, feed the rest of the context; logits of its last token.
+
+        `_cached_ids` is only changed in place, so forks sharing one cache also share the record of what it
+        holds: a proposal for one request after another's re-syncs the cache to its own context."""
         shared = _shared_prefix_length(self._cached_ids, context_ids)
         shared = min(shared, len(context_ids) - 1)  # always feed at least one token to get logits
         if shared == 0:
-            self._cached_ids = []
             return self._prefill(context_ids)
         self.runner.rollback(shared)
         del self._cached_ids[shared:]
         return self._feed(context_ids[shared:])
 
     def _prefill(self, token_ids: list[int]) -> torch.Tensor:
-        self._cached_ids = list(token_ids)
+        self._cached_ids[:] = token_ids
         return self.runner.prefill(token_ids)
 
     def _feed(self, token_ids: list[int]) -> torch.Tensor:

@@ -1,0 +1,178 @@
+"""The engine running many requests at once gives each one exactly its solo output.
+
+Tiny random Llama and Gemma 3 targets on the native runtime (every dtype); requests of different prompt
+lengths and budgets, more of them than slots (so some wait), prompts prefilled in small chunks between
+other requests' decoding steps, fixed and adaptive drafting, greedy and sampled with seeds. Cancelling a
+request mid-run leaves the others' outputs unchanged, and a request whose drafter raises fails alone.
+"""
+
+from dataclasses import replace
+
+import pytest
+from scipy.stats import chisquare
+
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.controller import ALONE, BatchLoad, ControllerMemory, DraftOption, choose
+from quickdraft.costs import TargetCost
+from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.engine import Engine, Failed, Finished, TextDelta
+from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model_dir
+from tests.test_exactness import SAMPLED, SAMPLING_PROMPT, target_joint_law
+
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time there was a kingdom by the sea, and in it lived",
+    "def add(a, b):",
+    "café 東京",
+    "a b c a b c a b c a b",
+    "Tell me about the weather in the mountains in early spring",
+]
+BUDGETS = [12, 30, 7, 25, 40, 18]
+
+
+def native_target(tiny_dirs, arch: str, dtype: str):
+    return load_model_dir(tiny_dirs[arch], runtime="native", dtype=dtype, name=arch)
+
+
+def solo_outputs(target, spec: SpecConfig, params: list[SamplingParams]) -> list[tuple[int, ...]]:
+    engine = Engine(target, spec)
+    return [engine.generate(prompt, p, spec=spec).token_ids for prompt, p in zip(PROMPTS, params)]
+
+
+def batched_outputs(engine: Engine, params: list[SamplingParams]) -> list[tuple[int, ...]]:
+    finished = {}
+    for index, event in engine.stream_many(PROMPTS, params):
+        assert not isinstance(event, Failed), event
+        if isinstance(event, Finished):
+            finished[index] = event.token_ids
+    return [finished[i] for i in range(len(PROMPTS))]
+
+
+def greedy_params() -> list[SamplingParams]:
+    return [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in BUDGETS]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("spec", [SpecConfig("none", k=0), SpecConfig("ngram", k=3), SpecConfig("ngram", k="auto")])
+def test_each_request_of_a_batch_gets_its_solo_greedy_output(tiny_dirs, arch, dtype, spec):
+    target = native_target(tiny_dirs, arch, dtype)
+    expected = solo_outputs(target, spec, greedy_params())
+    engine = Engine(target, spec, max_batch=4, step_tokens=8)  # 6 requests, 4 slots; prompts fed 8 tokens a step
+    assert batched_outputs(engine, greedy_params()) == expected
+
+
+def test_sampled_requests_with_seeds_get_their_solo_outputs(tiny_dirs):
+    target = native_target(tiny_dirs, "llama", "int8")
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=seed, max_new_tokens=n) for seed, n in enumerate(BUDGETS)
+    ]
+    spec = SpecConfig("ngram", k=2)
+    expected = solo_outputs(target, spec, params)
+    assert batched_outputs(Engine(target, spec, max_batch=3, step_tokens=5), params) == expected
+
+
+def test_sampled_outputs_of_a_batch_follow_the_target_law(tiny_dirs):
+    """The joint law of the first 4 tokens, 2000 seeded requests run 16 at a time (see test_exactness)."""
+    target = native_target(tiny_dirs, "llama", "float32")
+    engine = Engine(target, SpecConfig("ngram", k=2), max_batch=16)
+    prompt_ids = engine.encode(SAMPLING_PROMPT)
+    law = target_joint_law(tiny_dirs["llama"], tuple(prompt_ids), SAMPLED)
+    counts = dict.fromkeys(law, 0)
+    params = [replace(SAMPLED, seed=seed) for seed in range(2000)]
+    for _, event in engine.stream_many([prompt_ids] * len(params), params):
+        if isinstance(event, Finished):
+            counts[event.token_ids] += 1
+    cells = sorted(law)
+    expected = [law[c] / sum(law.values()) * len(params) for c in cells]
+    assert chisquare([counts[c] for c in cells], expected).pvalue > 1e-3
+
+
+def test_cancelling_a_request_mid_run_leaves_the_others_unchanged(tiny_dirs):
+    target = native_target(tiny_dirs, "llama", "int8")
+    spec = SpecConfig("ngram", k=3)
+    expected = solo_outputs(target, spec, greedy_params())
+    engine = Engine(target, spec, max_batch=6)
+    ids = [engine.submit(prompt, p) for prompt, p in zip(PROMPTS, greedy_params())]
+    finished, steps = {}, 0
+    while engine.busy:
+        for request_id, event in engine.step():
+            if isinstance(event, Finished):
+                finished[request_id] = event.token_ids
+        steps += 1
+        if steps == 3:
+            engine.cancel(ids[1])
+    assert ids[1] not in finished
+    assert [finished[i] for i in ids if i != ids[1]] == [e for i, e in zip(ids, expected) if i != ids[1]]
+    assert engine.request_counts == (0, 0)
+
+
+class FailingDrafter(NgramDrafter):
+    """Raises on its third proposal (a bug in one request's drafter)."""
+
+    def begin(self, prompt_ids, params, generator):
+        self.calls = 0
+
+    def propose(self, context_ids, k):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("drafter broke")
+        return super().propose(context_ids, k)
+
+
+def test_a_request_whose_drafter_raises_fails_alone(tiny_dirs):
+    target = native_target(tiny_dirs, "llama", "int8")
+    engine = Engine(target, SpecConfig("ngram", k=3), max_batch=4)
+    engine.add_drafter("failing", FailingDrafter(name="failing"))
+    expected = Engine(target, SpecConfig("ngram", k=3)).generate(PROMPTS[0], greedy_params()[0]).token_ids
+    good = engine.submit(PROMPTS[0], greedy_params()[0])
+    bad = engine.submit(PROMPTS[1], greedy_params()[1], spec=SpecConfig("failing", k=3))
+    last = {}
+    while engine.busy:
+        for request_id, event in engine.step():
+            last[request_id] = event
+    assert isinstance(last[bad], Failed) and "drafter broke" in str(last[bad].error)
+    assert isinstance(last[good], Finished) and last[good].token_ids == expected
+    with pytest.raises(RuntimeError, match="drafter broke"):  # one request alone: stream raises the error
+        engine.generate(PROMPTS[1], greedy_params()[1], spec=SpecConfig("failing", k=3))
+
+
+def test_events_stream_in_order_and_the_engine_refuses_stream_while_busy(tiny_dirs):
+    target = native_target(tiny_dirs, "gemma3", "int8")
+    engine = Engine(target, SpecConfig("ngram", k=2), max_batch=2)
+    seen: dict[int, list] = {}
+    for index, event in engine.stream_many(PROMPTS[:3], greedy_params()[:3]):
+        seen.setdefault(index, []).append(event)
+    for events in seen.values():
+        assert all(isinstance(e, TextDelta) for e in events[:-1]) and isinstance(events[-1], Finished)
+        assert "".join(e.text for e in events[:-1]) == events[-1].text
+    engine.submit(PROMPTS[0])
+    with pytest.raises(UsageError, match="running other requests"):
+        engine.generate(PROMPTS[1])
+
+
+def test_a_transformers_target_runs_one_request_at_a_time(tiny_models):
+    engine = Engine(tiny_models["llama"], SpecConfig("ngram", k=3), max_batch=8)
+    assert engine.max_batch == 1
+    solo = [engine.generate(p, q).token_ids for p, q in zip(PROMPTS, greedy_params())]
+    assert batched_outputs(engine, greedy_params()) == solo
+
+
+# --- speculation that knows the load ---
+
+
+def test_a_draft_pays_alone_and_backs_off_in_a_full_batch():
+    """Each fed row costs as much as another (a compute-bound batch): alone, verifying 3 more rows is nearly
+    free; in a batch of 8 the same rows cost 3/8 more of the step, more than the draft is expected to add."""
+    rows = [0.010 + 0.0001 * n if n <= 4 else 0.010 + 0.0025 * (n - 4) for n in range(1, 65)]  # t(n), seconds
+    memory = ControllerMemory(TargetCost(rows))
+    option = DraftOption("ngram", (0.6, 0.5, 0.4), 0.0)
+    alone = [memory.target.seconds(ALONE.rows + n) for n in range(1, 5)]
+    assert choose([option], alone).k == 3
+    load = BatchLoad(rows=7, sequences=7, tokens=7.0)
+    loaded = [memory.target.seconds(load.rows + n, load.sequences + 1) for n in range(1, 5)]
+    assert choose([option], loaded, load.tokens).k == 0
+    light = BatchLoad(rows=1, sequences=1, tokens=1.0)  # the load falls to two requests: drafting comes back
+    lighter = [memory.target.seconds(light.rows + n, light.sequences + 1) for n in range(1, 5)]
+    assert choose([option], lighter, light.tokens).k >= 2
