@@ -8,6 +8,7 @@ from quickdraft.errors import QuickdraftError
 
 def build_parser() -> argparse.ArgumentParser:
     from quickdraft.commands import (
+        batch_cmd,
         bench_adaptive_cmd,
         bench_cmd,
         bench_runtime_cmd,
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (
         generate_cmd,
+        batch_cmd,
         models_cmd,
         serve_cmd,
         bench_cmd,

@@ -6,12 +6,13 @@ import threading
 import pytest
 from starlette.testclient import TestClient
 
+from quickdraft.async_engine import Cancelled, Job, QueueFull
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.server import ServerSettings, attach_engine, create_app
 from quickdraft.server.metrics import RequestTiming, ServerMetrics
-from quickdraft.server.worker import Cancelled, EngineWorker, Job, QueueFull
+from quickdraft.server.worker import EngineWorker
 from quickdraft.stats import GenerationStats
 
 

@@ -17,6 +17,8 @@ from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
 
+DEFAULT_MAX_BATCH = 8  # requests generated at once; see BENCHMARKS.md (bench-serve sweep)
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -42,10 +44,17 @@ def register(subparsers) -> None:
         "--served-model-name", default=None, help="the model name clients send (default: the --model value)"
     )
     parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        help=f"requests generated at once, one KV cache slot each (default {DEFAULT_MAX_BATCH}; "
+        "a transformers-runtime model runs 1)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=16,
-        help="requests that may wait while one runs; more are answered 429 (default 16)",
+        help="requests that may wait while --max-batch run; more are answered 429 (default 16)",
     )
     parser.add_argument(
         "--max-tokens",
@@ -118,8 +127,11 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 
 def build_engine(args: argparse.Namespace) -> Engine:
-    """The engine for --model (built-in name, local directory, .gguf file or hub id)."""
-    return Engine.from_names(
+    """The engine for --model (built-in name, local directory, .gguf file or hub id), refused when its KV cache
+    slots could outgrow the memory this machine has available."""
+    if args.max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    engine = Engine.from_names(
         args.model,
         drafter=args.drafter,
         k=args.k,
@@ -127,7 +139,40 @@ def build_engine(args: argparse.Namespace) -> Engine:
         runtime=args.runtime,
         dtype=args.dtype,
         threads=args.threads,
+        max_batch=args.max_batch,
     )
+    print(_kv_memory_line(engine), flush=True)
+    return engine
+
+
+def _kv_memory_line(engine: Engine) -> str:
+    """What the KV cache slots take at most; UsageError when that exceeds the memory available."""
+    per_slot, slots = engine.kv_bytes_per_slot(), engine.max_batch
+    context = engine.target.info.max_context
+    if per_slot == 0:
+        return f"quickdraft: {slots} request at a time (the transformers runtime holds one sequence)"
+    needed, available = per_slot * slots, _available_memory()
+    line = (
+        f"quickdraft: KV cache {per_slot / 2**20:.0f} MiB per slot at the full context of {context} tokens, "
+        f"{slots} slots: at most {needed / 2**30:.2f} GiB (slots grow as their sequences do)"
+    )
+    if available is not None and needed > available:
+        raise UsageError(
+            f"{slots} KV cache slots need up to {needed / 2**30:.2f} GiB at the full context of {context} tokens, "
+            f"but {available / 2**30:.2f} GiB are available; lower --max-batch"
+        )
+    return line
+
+
+def _available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), or None where it cannot be read."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    value = fields.get("MemAvailable", "").split()
+    return int(value[0]) * 1024 if value else None
 
 
 def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Exception]) -> None:
@@ -145,7 +190,7 @@ def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Except
     key_note = "; send 'Authorization: Bearer KEY'" if args.api_key or args.api_key_file else ""
     print(
         f"quickdraft: serving {app.state.quickdraft.settings.model_name} "
-        f"(drafter {engine.spec.drafter}, k {engine.spec.k}) "
+        f"(drafter {engine.spec.drafter}, k {engine.spec.k}, max batch {engine.max_batch}) "
         f"at http://{host}:{args.port}/v1{key_note}",
         flush=True,
     )

@@ -18,7 +18,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from quickdraft.engine import Engine, Finished, TextDelta
+from quickdraft.async_engine import Cancelled, Job, QueueFull
+from quickdraft.engine import Engine, Failed, Finished, TextDelta
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server import generation, responses
 from quickdraft.server.errors import APIError, invalid, loading, queue_full
@@ -26,7 +27,7 @@ from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
 from quickdraft.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_request
 from quickdraft.server.settings import ServerSettings
-from quickdraft.server.worker import Cancelled, EngineWorker, Failed, Job, QueueFull
+from quickdraft.server.worker import EngineWorker
 
 WORKER_STOP_SECONDS = 10.0  # how long shutdown waits for the running step to end
 

@@ -17,6 +17,8 @@ from quickdraft.stats import GenerationStats
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -112,6 +114,28 @@ class ServerMetrics:
         self.e2e = _Histogram(
             "quickdraft_e2e_request_latency_seconds", "Queueing to the last output token.", E2E_BUCKETS
         )
+        self.itl = _Histogram(
+            "quickdraft_inter_token_latency_seconds",
+            "Time between a stream's consecutive engine steps (each may carry several tokens).",
+            TPOT_BUCKETS,
+        )
+        self.batch_size = _Histogram(
+            "quickdraft_batch_size", "Sequences in one engine step's target forward.", BATCH_BUCKETS
+        )
+        self.batch_rows = _Histogram(
+            "quickdraft_batch_rows",
+            "Tokens fed in one engine step's target forward (prefill chunks and drafts).",
+            ROWS_BUCKETS,
+        )
+
+    def observe_step(self, sequences: int, rows: int) -> None:
+        with self._lock:
+            self.batch_size.observe(sequences)
+            self.batch_rows.observe(rows)
+
+    def observe_inter_token(self, seconds: float) -> None:
+        with self._lock:
+            self.itl.observe(seconds)
 
     def count_rejected(self, reason: str) -> None:
         with self._lock:
@@ -148,7 +172,7 @@ class ServerMetrics:
             _Family(
                 "quickdraft_num_requests_running",
                 "gauge",
-                "Requests being generated (at most 1: batch size 1).",
+                "Requests in the engine's batch (at most --max-batch).",
                 {(): running},
             ),
             _Family("quickdraft_num_requests_waiting", "gauge", "Requests queued for the engine.", {(): waiting}),
@@ -166,7 +190,10 @@ class ServerMetrics:
                 self.accepted_per_pos,
                 self.ttft,
                 self.tpot,
+                self.itl,
                 self.e2e,
+                self.batch_size,
+                self.batch_rows,
             ]
             blocks = [[f"# HELP {f.name} {f.help}", f"# TYPE {f.name} {f.kind}", *f.lines()] for f in families]
         return "\n".join(line for block in blocks for line in block) + "\n"

@@ -1,0 +1,71 @@
+"""The asyncio API: concurrent streams through one engine thread, each equal to its request alone."""
+
+import asyncio
+
+import pytest
+
+from quickdraft.async_engine import AsyncEngine, QueueFull
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.engine import Engine, Finished, TextDelta
+from quickdraft.models.loading import load_model_dir
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "def add(a, b):", "a b c a b c a b"]
+PARAMS = SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(tiny_dirs):
+    target = load_model_dir(tiny_dirs["llama"], runtime="native", dtype="int8", name="llama")
+    return Engine(target, SpecConfig("ngram", k=3), max_batch=4)
+
+
+async def collect(async_engine: AsyncEngine, prompt_ids: list[int]) -> tuple[str, Finished]:
+    text, finished = "", None
+    async for event in async_engine.stream(prompt_ids, PARAMS):
+        if isinstance(event, TextDelta):
+            text += event.text
+        else:
+            finished = event
+    return text, finished
+
+
+def test_concurrent_streams_each_equal_the_request_alone(engine):
+    prompts = [engine.encode(p) for p in PROMPTS]
+    expected = [engine.generate(p, PARAMS) for p in prompts]
+    async_engine = AsyncEngine(engine, max_waiting=0)
+
+    async def main():
+        async_engine.start()
+        try:
+            return await asyncio.gather(*(collect(async_engine, p) for p in prompts))
+        finally:
+            async_engine.stop(timeout=10)
+
+    results = asyncio.run(main())
+    for (text, finished), alone in zip(results, expected):
+        assert finished.token_ids == alone.token_ids and text == alone.text
+
+
+def test_a_full_queue_refuses_at_once_and_leaving_early_cancels(engine):
+    prompt = engine.encode(PROMPTS[0])
+    async_engine = AsyncEngine(engine, max_waiting=0)
+
+    async def main():
+        async_engine.start()
+        try:
+            streams = [async_engine.stream(prompt, PARAMS) for _ in range(4)]
+            firsts = await asyncio.gather(*(anext(s) for s in streams))  # four running: the batch is full
+            with pytest.raises(QueueFull):
+                await anext(async_engine.stream(prompt, PARAMS))
+            for stream in streams:
+                await stream.aclose()  # leaving early cancels the job
+            for _ in range(100):
+                if async_engine.load() == (0, 0):
+                    break
+                await asyncio.sleep(0.05)
+            return firsts, async_engine.load()
+        finally:
+            async_engine.stop(timeout=10)
+
+    firsts, load = asyncio.run(main())
+    assert all(isinstance(e, TextDelta) for e in firsts) and load == (0, 0)
