@@ -333,6 +333,27 @@ INVALID = [
     ("wrong-method", "GET", CHAT, None, KEY, 405, None, "method_not_allowed"),
     ("unknown-route", "GET", "/v1/engines", None, KEY, 404, None, "not_found"),
     ("body-too-large", "POST", TEXT, text(prompt="x" * (MAX_BODY + 1)), KEY, 413, None, "request_too_large"),
+    (
+        "body-text-plain",
+        "POST",
+        CHAT,
+        chat(),
+        {**KEY, "Content-Type": "text/plain"},
+        415,
+        None,
+        "unsupported_media_type",
+    ),
+    (
+        "body-form",
+        "POST",
+        TEXT,
+        b"model=tiny&prompt=hi",
+        {**KEY, "Content-Type": "application/x-www-form-urlencoded"},
+        415,
+        None,
+        "unsupported_media_type",
+    ),
+    ("host-rebound", "POST", TEXT, text(), {**KEY, "Host": "evil.example:8000"}, 400, None, "host_not_allowed"),
 ]
 
 
@@ -359,7 +380,8 @@ def test_chunked_body_over_the_limit_is_refused(server):
         for _ in range(4):
             yield b" " * (MAX_BODY // 2)
 
-    response = httpx.post(f"{server.base_url}{TEXT}", content=chunks(), headers=KEY, timeout=30)
+    headers = {**KEY, "Content-Type": "application/json"}
+    response = httpx.post(f"{server.base_url}{TEXT}", content=chunks(), headers=headers, timeout=30)
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 

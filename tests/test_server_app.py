@@ -6,11 +6,14 @@ import threading
 import pytest
 from starlette.testclient import TestClient
 
+from quickdraft.cli import build_parser
+from quickdraft.commands.serve_cmd import exposure_warning, server_settings
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.server import ServerSettings, attach_engine, create_app
 from quickdraft.server.metrics import RequestTiming, ServerMetrics
+from quickdraft.server.settings import LOOPBACK_HOSTS, allowed_hosts_for
 from quickdraft.server.worker import Cancelled, EngineWorker, Job, QueueFull
 from quickdraft.stats import GenerationStats
 from quickdraft.text import encode_prompt
@@ -216,3 +219,55 @@ def test_special_token_strings_in_a_request_are_counted_as_text(tiny_models):
     assert chat.json()["usage"]["prompt_tokens"] > len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     assert text.json()["usage"]["prompt_tokens"] == len(tokenizer(forged, split_special_tokens=True)["input_ids"])
     assert text.json()["usage"]["prompt_tokens"] > len(tokenizer(forged)["input_ids"])
+
+
+def test_post_bodies_must_be_declared_json():
+    """A web page may POST text/plain or a form anywhere without a CORS preflight; a JSON body needs one."""
+    app = create_app(ServerSettings(model_name="tiny"))
+    body = '{"model": "tiny", "prompt": "hi"}'
+    with TestClient(app) as http:
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None):
+            headers = {"Content-Type": content_type} if content_type else {}
+            refused = http.post("/v1/completions", content=body, headers=headers)
+            assert refused.status_code == 415, content_type
+            assert refused.json()["error"]["code"] == "unsupported_media_type"
+            assert "Content-Type: application/json" in refused.json()["error"]["message"]
+        for content_type in ("application/json", "Application/JSON; charset=utf-8"):
+            passed = http.post("/v1/chat/completions", content=body, headers={"Content-Type": content_type})
+            assert passed.json()["error"]["code"] == "model_loading", content_type  # past the check, at the route
+        assert http.get("/health").status_code == 503
+
+
+def test_a_loopback_server_answers_only_to_loopback_host_names():
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example."""
+    app = create_app(ServerSettings(model_name="tiny", allowed_hosts=LOOPBACK_HOSTS))
+    with TestClient(app, base_url="http://localhost:8000") as http:
+        for host in ("localhost", "localhost:8000", "LocalHost:1", "127.0.0.1:8000", "[::1]:8000", "[::1]"):
+            assert http.get("/health", headers={"Host": host}).status_code == 503, host
+        for host in ("evil.example", "evil.example:8000", "localhost.evil.example", "127.0.0.1.evil.example", ""):
+            refused = http.get("/v1/models", headers={"Host": host})
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "host_not_allowed", host
+            assert "--allowed-hosts" in refused.json()["error"]["message"]
+
+
+def test_allowed_hosts_follow_the_bind_address_unless_given():
+    assert allowed_hosts_for("127.0.0.1", None) == allowed_hosts_for("localhost", None) == LOOPBACK_HOSTS
+    assert allowed_hosts_for("::1", None) == LOOPBACK_HOSTS
+    assert allowed_hosts_for("0.0.0.0", None) is None and allowed_hosts_for("192.168.1.5", None) is None
+    assert allowed_hosts_for("127.0.0.1", "*") is None
+    assert allowed_hosts_for("0.0.0.0", "Box.Example, localhost") == ("box.example", "localhost")
+    with pytest.raises(UsageError, match="without a port"):
+        allowed_hosts_for("127.0.0.1", "box.example:8000")
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "box.example"])
+    assert server_settings(args).allowed_hosts == ("box.example",)
+    app = create_app(server_settings(args))
+    with TestClient(app, base_url="http://box.example:8000") as http:
+        assert http.get("/health").status_code == 503
+        assert http.get("/health", headers={"Host": "localhost"}).json()["error"]["code"] == "host_not_allowed"
+
+
+def test_an_exposed_server_without_a_key_is_warned_about():
+    assert "WARNING" in exposure_warning("0.0.0.0", None) and "--api-key" in exposure_warning("0.0.0.0", None)
+    assert "WARNING" in exposure_warning("192.168.1.5", None)
+    assert exposure_warning("0.0.0.0", "key") is None
+    assert exposure_warning("127.0.0.1", None) is None and exposure_warning("localhost", None) is None
