@@ -4,8 +4,14 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from quickdraft.cli import main
+from quickdraft.drafters.head.files import save_head
+from quickdraft.drafters.head.identity import target_identity
+from tests.test_head import random_head
 
 
 def quickdraft(*args: str) -> subprocess.CompletedProcess:
@@ -117,3 +123,59 @@ def test_help_explains_every_flag():
         "--runtime",
     ):
         assert flag in out.stdout
+
+
+def only_error_line(capsys) -> str:
+    """The one `quickdraft: error` line on stderr (transformers may print progress bars beside it)."""
+    errors = [line for line in capsys.readouterr().err.splitlines() if "quickdraft: error" in line]
+    assert len(errors) == 1, errors
+    return errors[0][errors[0].index("quickdraft: error") :]
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def damaged_model(tiny_dirs, tmp_path, damage: str) -> Path:
+    model = shutil.copytree(tiny_dirs["llama"], tmp_path / "model")
+    if damage == "truncated-weights":
+        truncate(model / "model.safetensors")
+    if damage == "config-types":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps(config | {"hidden_size": "64"}))
+    return model
+
+
+@pytest.mark.parametrize(
+    "damage, runtime, message",
+    [
+        ("truncated-weights", "auto", "model.safetensors is truncated or not a safetensors file"),
+        ("truncated-weights", "hf", "model.safetensors is truncated or not a safetensors file"),
+        ("config-types", "auto", "config.json is not a valid model config (Validation error for field 'hidden_size'"),
+    ],
+)
+def test_a_damaged_model_directory_gives_one_line_naming_the_file(
+    tiny_dirs, tmp_path, capsys, damage, runtime, message
+):
+    model = damaged_model(tiny_dirs, tmp_path, damage)
+    assert main(["generate", "hello", "--model", str(model), "--runtime", runtime, "--max-new-tokens", "2"]) == 1
+    error = only_error_line(capsys)
+    assert error.startswith(f"quickdraft: error: the model's {model}") and message in error, error
+    assert "fetch or save the model again" in error and "--debug" not in error
+
+
+def test_a_truncated_head_gives_one_line_naming_the_file(tiny_dirs, tiny_models, tmp_path, capsys):
+    head_dir = tmp_path / "head"
+    save_head(head_dir, random_head(tiny_models["llama"]), target_identity(tiny_models["llama"]))
+    truncate(head_dir / "head.safetensors")
+    args = ["generate", "hello", "--model", str(tiny_dirs["llama"]), "--runtime", "hf", "--drafter", f"head:{head_dir}"]
+    assert main(args) == 1
+    error = only_error_line(capsys)
+    assert error.startswith(f"quickdraft: error: the draft head's {head_dir / 'head.safetensors'} is truncated"), error
+    assert "quickdraft distill" in error and "--debug" not in error
+
+
+def test_a_device_file_as_model_is_named_for_what_it_is(capsys):
+    assert main(["generate", "hello", "--model", "/dev/zero"]) == 1
+    error = only_error_line(capsys)
+    assert error.startswith("quickdraft: error: /dev/zero is not a directory or a regular file"), error
