@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from quickdraft.cli import main
+from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.head.files import save_head
 from quickdraft.drafters.head.identity import target_identity
+from quickdraft.engine import Engine
 from tests.test_head import random_head
 
 
@@ -118,6 +120,7 @@ def test_help_explains_every_flag():
         "--max-new-tokens",
         "--stop",
         "--chat",
+        "--raw",
         "--compare",
         "--json",
         "--runtime",
@@ -179,3 +182,39 @@ def test_a_device_file_as_model_is_named_for_what_it_is(capsys):
     assert main(["generate", "hello", "--model", "/dev/zero"]) == 1
     error = only_error_line(capsys)
     assert error.startswith("quickdraft: error: /dev/zero is not a directory or a regular file"), error
+
+
+def generate_json(capsys, *args: str) -> dict:
+    assert main(["generate", *args, "--runtime", "hf", "--drafter", "none", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_speaks_through_the_chat_template_unless_raw(tiny_dirs, tiny_models, capsys):
+    """An instruction-tuned model fed a bare question often ends at once: a template, when the model has one."""
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="none"))
+    prompt, params = "The quick brown fox", SamplingParams(max_new_tokens=8)
+    chat, raw = engine.generate(prompt, params, chat=True).text, engine.generate(prompt, params).text
+    assert chat != raw
+    model = ["--model", str(tiny_dirs["llama"]), "--max-new-tokens", "8"]
+    assert generate_json(capsys, prompt, *model)["text"] == chat
+    assert generate_json(capsys, prompt, *model, "--chat")["text"] == chat
+    assert generate_json(capsys, prompt, *model, "--raw")["text"] == raw
+
+
+def test_an_answer_that_ends_at_once_says_why(tiny_dirs, tiny_models, tmp_path, capsys):
+    """The model's first token made its end of sequence, for the chat and the raw prompt: 0 tokens, and a reason."""
+    prompt = "The quick brown fox"
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="none"))
+    first = {
+        int(tiny_models["llama"].runner.prefill(engine.encode(prompt, chat=chat)).argmax()) for chat in (True, False)
+    }
+    model = shutil.copytree(tiny_dirs["llama"], tmp_path / "ends-at-once")
+    generation = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(generation | {"eos_token_id": [1, *first]}))
+    for flag, hint in (("--chat", "try another wording"), ("--raw", "drop --raw to send the prompt through it")):
+        report = generate_json(capsys, prompt, "--model", str(model), flag)
+        assert report["stats"]["generated_tokens"] == 0
+        assert main(["generate", prompt, "--model", str(model), "--runtime", "hf", "--drafter", "none", flag]) == 0
+        note = capsys.readouterr().err
+        assert "quickdraft: the model ended its answer at once (end of sequence), so there is no text" in note, note
+        assert hint in note, note
