@@ -1,6 +1,7 @@
 """The server's parts in process: loading state, the worker's queue, the metrics text format."""
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -9,6 +10,7 @@ from starlette.testclient import TestClient
 from quickdraft.cli import build_parser
 from quickdraft.commands.serve_cmd import exposure_warning, server_settings
 from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.server import ServerSettings, attach_engine, create_app
@@ -271,3 +273,49 @@ def test_an_exposed_server_without_a_key_is_warned_about():
     assert "WARNING" in exposure_warning("192.168.1.5", None)
     assert exposure_warning("0.0.0.0", "key") is None
     assert exposure_warning("127.0.0.1", None) is None and exposure_warning("localhost", None) is None
+
+
+class FaultyDrafter(NgramDrafter):
+    """The n-gram drafter, raising on the proposal `fail_in` calls from now: a fault inside one request."""
+
+    def __init__(self) -> None:
+        super().__init__(name="faulty")
+        self.countdown: int | None = None
+
+    def fail_in(self, calls: int) -> None:
+        self.countdown = calls
+
+    def propose(self, context_ids, k):
+        if self.countdown is not None:
+            self.countdown -= 1
+            if self.countdown == 0:
+                self.countdown = None
+                raise RuntimeError("injected fault")
+        return super().propose(context_ids, k)
+
+
+def test_a_fault_inside_one_request_fails_that_request_only(tiny_models):
+    """Streamed, the failing request gets an error event then [DONE]; whole, a 500; the next request is answered."""
+    engine = Engine(tiny_models["llama-corpus"], SpecConfig(drafter="faulty", k=2))
+    drafter = FaultyDrafter()
+    engine.add_drafter("faulty", drafter)
+    body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    expected = engine.generate(body["prompt"], SamplingParams(max_new_tokens=16, ignore_eos=True)).text
+    app = create_app(ServerSettings(model_name="tiny"))
+    with TestClient(app) as http:
+        attach_engine(app, engine)
+        drafter.fail_in(3)
+        with http.stream("POST", "/v1/completions", json=body | {"stream": True}) as stream:
+            events = [line[len("data: ") :] for line in stream.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and len(events) >= 3, events
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "server_error" and error["message"] == "generation failed: injected fault", error
+        chunks = [json.loads(event)["choices"][0] for event in events[:-2]]
+        assert all(chunk["finish_reason"] is None for chunk in chunks)
+        assert expected.startswith("".join(chunk["text"] for chunk in chunks)) and chunks[0]["text"]  # mid-answer
+        assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
+        drafter.fail_in(2)
+        failed = http.post("/v1/completions", json=body)
+        assert failed.status_code == 500 and failed.json()["error"]["message"] == "generation failed: injected fault"
+        assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
+        assert 'quickdraft_request_success_total{finished_reason="error"} 2\n' in http.get("/metrics").text
