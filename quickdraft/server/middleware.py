@@ -21,7 +21,7 @@ class AllowedHostsMiddleware:
 
     def __init__(self, app: ASGIApp, hosts: tuple[str, ...]) -> None:
         self.app = app
-        self.hosts = frozenset(hosts)
+        self.hosts = frozenset(host.lower() for host in hosts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         host = _header(scope, b"host")

@@ -135,40 +135,33 @@ class ChatCompletionRequest(GenerationRequest):
 
     def unsupported(self) -> list[tuple[bool, str, str]]:
         response_type = (self.response_format or {}).get("type", "text")
-        return (
-            super().unsupported()
-            + [
-                (
-                    bool(self.logprobs) or bool(self.top_logprobs),
-                    "logprobs",
-                    "logprobs are not supported; omit logprobs and top_logprobs",
-                ),
-                (bool(self.tools), "tools", "tools are not supported; omit tools"),
-                (
-                    self.tool_choice not in (None, "none", "auto"),
-                    "tool_choice",
-                    f"tool_choice {self.tool_choice!r} asks for a tool call, but quickdraft calls no tools; "
-                    "omit tool_choice or send 'none'",
-                ),
-                (
-                    response_type != "text",
-                    "response_format",
-                    f"response_format {response_type!r} is not supported; omit it",
-                ),
-                (
-                    self.modalities not in (None, ["text"]),
-                    "modalities",
-                    f"modalities {self.modalities!r} are not supported: quickdraft writes text only; "
-                    "omit modalities or send ['text']",
-                ),
-                (
-                    self.audio is not None,
-                    "audio",
-                    "audio output is not supported: quickdraft writes text only; omit audio",
-                ),
-            ]
-            + [problem for index, message in enumerate(self.messages) for problem in message.unsupported(index)]
-        )
+        return super().unsupported() + [
+            (
+                bool(self.logprobs) or bool(self.top_logprobs),
+                "logprobs",
+                "logprobs are not supported; omit logprobs and top_logprobs",
+            ),
+            (bool(self.tools), "tools", "tools are not supported; omit tools"),
+            (
+                self.tool_choice not in (None, "none", "auto"),
+                "tool_choice",
+                f"tool_choice {self.tool_choice!r} asks for a tool call, but quickdraft calls no tools; "
+                "omit tool_choice or send 'none'",
+            ),
+            (
+                response_type != "text",
+                "response_format",
+                f"response_format {response_type!r} is not supported; omit it",
+            ),
+            (
+                self.modalities not in (None, ["text"]),
+                "modalities",
+                f"modalities {self.modalities!r} are not supported: quickdraft writes text only; "
+                "omit modalities or send ['text']",
+            ),
+            (self.audio is not None, "audio", "audio output is not supported: quickdraft writes text only; omit audio"),
+            *(problem for index, message in enumerate(self.messages) for problem in message.unsupported(index)),
+        ]
 
 
 class CompletionRequest(GenerationRequest):
