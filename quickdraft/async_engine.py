@@ -188,7 +188,14 @@ class AsyncEngine:
             self._jobs[request_id] = job
 
     def _route(self, request_id: int, event: Event) -> None:
-        job, now = self._jobs[request_id], time.perf_counter()
+        job, now = self._jobs.get(request_id), time.perf_counter()
+        if job is None:  # cancelled earlier in this step's events
+            return
+        if job.cancelled:  # its consumer left during the step: it gets no more text
+            self.engine.cancel(request_id)
+            self._end(request_id, Cancelled())
+            self._on_aborted()
+            return
         self._on_event(job, event, now)
         job.first_event, job.last_event = job.first_event or now, now
         if isinstance(event, Failed):  # the other requests go on

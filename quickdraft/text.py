@@ -1,28 +1,87 @@
 """Text in and out: prompt encoding (with chat templates), incremental detokenisation, stop strings."""
 
+import functools
+import re
+import secrets
+
 from transformers import PreTrainedTokenizerBase
 
 from quickdraft.errors import UsageError
 
 Messages = list[dict[str, str]]
+_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a placeholder (see `encode_chat`)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | Messages, chat: bool, model_name: str) -> list[int]:
     """Token ids of a plain prompt, or of chat messages rendered through the model's chat template.
 
     A string with `chat=True` becomes one user message; a list of messages always uses the template.
+    Text from the caller never becomes a control token: see `encode_text` and `encode_chat`.
     """
     if isinstance(prompt, str) and not prompt.strip():
         raise UsageError("the prompt is empty; pass some text to continue")
     if isinstance(prompt, str) and not chat:
-        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return encode_text(tokenizer, prompt)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     if not messages:
         raise UsageError("messages is empty; send at least one message")
     if not tokenizer.chat_template:
         raise UsageError(f"model {model_name} has no chat template; send a plain prompt instead (drop --chat)")
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    return encode_chat(tokenizer, messages)
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """The ids of `text` as text (the tokenizer's own start tokens added): a special token's string in it,
+    such as `<|im_start|>`, is spelled out in ordinary tokens, never read as that control token."""
+    return list(tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"])
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
+    """The ids of `messages` rendered through the chat template, where only the template makes control tokens.
+
+    Every special token's string inside a message's content is swapped for a placeholder no client can
+    guess before rendering; the rendered text is then tokenized as usual (the template's own control
+    tokens parsed) with each placeholder encoded as the text it replaced. Content without such strings
+    has no placeholders: its ids are exactly those of tokenizing the rendered text.
+    """
+    specials = _special_strings(tokenizer)
+    nonce = secrets.token_hex(8)
+    replaced: list[str] = []
+    masked = [{**message, "content": _mask(message["content"], specials, nonce, replaced)} for message in messages]
+    rendered = tokenizer.apply_chat_template(masked, add_generation_prompt=True, tokenize=False)
+    pieces = re.split(f"{_OPEN}{nonce}:([0-9]+){_CLOSE}", rendered)  # text, index, text, index, ..., text
+    ids: list[int] = []
+    for position, piece in enumerate(pieces):
+        if position % 2:
+            ids += tokenizer(replaced[int(piece)], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        elif piece:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def _special_strings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The strings the tokenizer reads as special tokens, longest first (so the longest match wins, as it does)."""
+    return _special_strings_of(tokenizer, len(tokenizer))
+
+
+@functools.lru_cache(maxsize=8)
+def _special_strings_of(tokenizer: PreTrainedTokenizerBase, vocabulary_size: int) -> tuple[str, ...]:
+    """Cached per tokenizer and vocabulary size (a token added later is seen): Gemma's tokenizer has 6000 of them."""
+    added = (token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
+    return tuple(sorted(set(added) | set(tokenizer.all_special_tokens), key=len, reverse=True))
+
+
+def _mask(content: str, specials: tuple[str, ...], nonce: str, replaced: list[str]) -> str:
+    """`content` with each special token's string replaced by a numbered placeholder; the strings go to `replaced`."""
+    present = [special for special in specials if special in content]
+    if not present:
+        return content
+
+    def placeholder(match: re.Match) -> str:
+        replaced.append(match.group())
+        return f"{_OPEN}{nonce}:{len(replaced) - 1}{_CLOSE}"
+
+    return re.sub("|".join(map(re.escape, present)), placeholder, content)
 
 
 class IncrementalDetokenizer:

@@ -4,8 +4,16 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from quickdraft.cli import main
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.head.files import save_head
+from quickdraft.drafters.head.identity import target_identity
+from quickdraft.engine import Engine
+from tests.test_head import random_head
 
 
 def quickdraft(*args: str) -> subprocess.CompletedProcess:
@@ -112,8 +120,101 @@ def test_help_explains_every_flag():
         "--max-new-tokens",
         "--stop",
         "--chat",
+        "--raw",
         "--compare",
         "--json",
         "--runtime",
     ):
         assert flag in out.stdout
+
+
+def only_error_line(capsys) -> str:
+    """The one `quickdraft: error` line on stderr (transformers may print progress bars beside it)."""
+    errors = [line for line in capsys.readouterr().err.splitlines() if "quickdraft: error" in line]
+    assert len(errors) == 1, errors
+    return errors[0][errors[0].index("quickdraft: error") :]
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def damaged_model(tiny_dirs, tmp_path, damage: str) -> Path:
+    model = shutil.copytree(tiny_dirs["llama"], tmp_path / "model")
+    if damage == "truncated-weights":
+        truncate(model / "model.safetensors")
+    if damage == "config-types":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps(config | {"hidden_size": "64"}))
+    return model
+
+
+@pytest.mark.parametrize(
+    "damage, runtime, message",
+    [
+        ("truncated-weights", "auto", "model.safetensors is truncated or not a safetensors file"),
+        ("truncated-weights", "hf", "model.safetensors is truncated or not a safetensors file"),
+        ("config-types", "auto", "config.json is not a valid model config (Validation error for field 'hidden_size'"),
+    ],
+)
+def test_a_damaged_model_directory_gives_one_line_naming_the_file(
+    tiny_dirs, tmp_path, capsys, damage, runtime, message
+):
+    model = damaged_model(tiny_dirs, tmp_path, damage)
+    assert main(["generate", "hello", "--model", str(model), "--runtime", runtime, "--max-new-tokens", "2"]) == 1
+    error = only_error_line(capsys)
+    assert error.startswith(f"quickdraft: error: the model's {model}") and message in error, error
+    assert "fetch or save the model again" in error and "--debug" not in error
+
+
+def test_a_truncated_head_gives_one_line_naming_the_file(tiny_dirs, tiny_models, tmp_path, capsys):
+    head_dir = tmp_path / "head"
+    save_head(head_dir, random_head(tiny_models["llama"]), target_identity(tiny_models["llama"]))
+    truncate(head_dir / "head.safetensors")
+    args = ["generate", "hello", "--model", str(tiny_dirs["llama"]), "--runtime", "hf", "--drafter", f"head:{head_dir}"]
+    assert main(args) == 1
+    error = only_error_line(capsys)
+    assert error.startswith(f"quickdraft: error: the draft head's {head_dir / 'head.safetensors'} is truncated"), error
+    assert "quickdraft distill" in error and "--debug" not in error
+
+
+def test_a_device_file_as_model_is_named_for_what_it_is(capsys):
+    assert main(["generate", "hello", "--model", "/dev/zero"]) == 1
+    error = only_error_line(capsys)
+    assert error.startswith("quickdraft: error: /dev/zero is not a directory or a regular file"), error
+
+
+def generate_json(capsys, *args: str) -> dict:
+    assert main(["generate", *args, "--runtime", "hf", "--drafter", "none", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_speaks_through_the_chat_template_unless_raw(tiny_dirs, tiny_models, capsys):
+    """An instruction-tuned model fed a bare question often ends at once: a template, when the model has one."""
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="none"))
+    prompt, params = "The quick brown fox", SamplingParams(max_new_tokens=8)
+    chat, raw = engine.generate(prompt, params, chat=True).text, engine.generate(prompt, params).text
+    assert chat != raw
+    model = ["--model", str(tiny_dirs["llama"]), "--max-new-tokens", "8"]
+    assert generate_json(capsys, prompt, *model)["text"] == chat
+    assert generate_json(capsys, prompt, *model, "--chat")["text"] == chat
+    assert generate_json(capsys, prompt, *model, "--raw")["text"] == raw
+
+
+def test_an_answer_that_ends_at_once_says_why(tiny_dirs, tiny_models, tmp_path, capsys):
+    """The model's first token made its end of sequence, for the chat and the raw prompt: 0 tokens, and a reason."""
+    prompt = "The quick brown fox"
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter="none"))
+    first = {
+        int(tiny_models["llama"].runner.prefill(engine.encode(prompt, chat=chat)).argmax()) for chat in (True, False)
+    }
+    model = shutil.copytree(tiny_dirs["llama"], tmp_path / "ends-at-once")
+    generation = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(generation | {"eos_token_id": [1, *first]}))
+    for flag, hint in (("--chat", "try another wording"), ("--raw", "drop --raw to send the prompt through it")):
+        report = generate_json(capsys, prompt, "--model", str(model), flag)
+        assert report["stats"]["generated_tokens"] == 0
+        assert main(["generate", prompt, "--model", str(model), "--runtime", "hf", "--drafter", "none", flag]) == 0
+        note = capsys.readouterr().err
+        assert "quickdraft: the model ended its answer at once (end of sequence), so there is no text" in note, note
+        assert hint in note, note

@@ -1,10 +1,14 @@
 """`quickdraft distill` end to end on a tiny random target, and its parts: prompts, data, vocabulary, training."""
 
 import json
+import pickle
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from quickdraft.cli import build_parser, main
@@ -95,7 +99,7 @@ def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(di
         distill(options)
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     first_shard = (out / "data" / manifest["shards"][0]["file"]).read_bytes()
-    steps_before = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]["step"]
+    steps_before = checkpoint_progress(out / "train" / "checkpoint.safetensors")["step"]
     more = replace(options, resume=True, tokens=options.tokens + 300, training=replace(TINY_TRAINING, epochs=22))
     calls = {"shards": 0, "steps": 0}
     write_shard, train_step = data_module.answer_chunk, Trainer._train_step
@@ -116,7 +120,7 @@ def test_rerun_without_resume_is_refused_and_resume_extends_data_and_training(di
     assert resumed["shards"][: len(manifest["shards"])] == manifest["shards"]
     assert (out / "data" / manifest["shards"][0]["file"]).read_bytes() == first_shard
     assert sum(s["answer_tokens"] for s in resumed["shards"]) >= more.tokens
-    state = torch.load(out / "train" / "checkpoint.pt", weights_only=False)["state"]
+    state = checkpoint_progress(out / "train" / "checkpoint.safetensors")
     assert state["step"] > steps_before
     assert calls == {"shards": len(resumed["shards"]) - len(manifest["shards"]), "steps": state["step"] - steps_before}
 
@@ -136,33 +140,97 @@ def test_complete_data_is_not_regenerated_and_loads_no_writer(distilled):
     assert (out / "data" / "manifest.json").read_text() == manifest
 
 
-def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
-    options, out = distilled
-    target = tiny_models["llama"]
+def checkpoint_progress(path) -> dict:
+    """The trainer's progress in a checkpoint, read from its safetensors header alone."""
+    with safe_open(str(path), framework="pt") as file:
+        return json.loads(file.metadata()["quickdraft"])["progress"]
+
+
+def head_trainer(distilled, target, checkpoint, config) -> Trainer:
+    """A trainer of a fresh head (seeded) on the distilled data."""
+    _, out = distilled
     train, heldout = split_examples(load_shards(out / "data"))
-    vocab_ids = load_head(out, target).vocab_ids
+    torch.manual_seed(0)
+    head = build_head(HeadConfig.like_target(target.config), target, load_head(out, target).vocab_ids)
+    return Trainer(HeadObjective(head, config), train, heldout, config, checkpoint)
+
+
+def test_training_resumes_from_its_checkpoint(distilled, tiny_models, tmp_path):
     config = replace(TINY_TRAINING, epochs=1)
-
-    def trainer(epochs):
-        torch.manual_seed(0)
-        head = build_head(HeadConfig.like_target(target.config), target, vocab_ids)
-        return Trainer(
-            HeadObjective(head, replace(config, epochs=epochs)),
-            train,
-            heldout,
-            replace(config, epochs=epochs),
-            tmp_path / "c.pt",
-        )
-
-    first = trainer(1)
+    first = head_trainer(distilled, tiny_models["llama"], tmp_path / "c.safetensors", config)
     first.run()
-    second = trainer(2)
+    second = head_trainer(distilled, tiny_models["llama"], tmp_path / "c.safetensors", replace(config, epochs=2))
     assert second.resume()
     assert second.state.step == first.state.step == first.batches_per_epoch
     torch.testing.assert_close(second.objective.model.fuse.weight, first.objective.model.fuse.weight)
     second.run()
     assert second.state.step == 2 * first.state.step
     assert second.state.epoch == 1
+
+
+def test_an_interrupted_training_resumes_exactly_where_it_stopped(distilled, tiny_models, tmp_path, monkeypatch):
+    """Stopped inside its second epoch and resumed from its last checkpoint, training ends bit for bit where the
+    same training run without a stop ends: weights, optimizer moments, progress."""
+    config = replace(TINY_TRAINING, epochs=2, checkpoint_seconds=0.0)  # a checkpoint after every step
+    whole = head_trainer(distilled, tiny_models["llama"], tmp_path / "whole.safetensors", config)
+    whole.run()
+    stopped = head_trainer(distilled, tiny_models["llama"], tmp_path / "cut.safetensors", config)
+    stop_at = stopped.batches_per_epoch + 2
+    train_step = Trainer._train_step
+
+    def step_unless_killed(self, examples):
+        if self.state.step == stop_at:
+            raise KeyboardInterrupt
+        train_step(self, examples)
+
+    monkeypatch.setattr(Trainer, "_train_step", step_unless_killed)
+    with pytest.raises(KeyboardInterrupt):
+        stopped.run()
+    monkeypatch.undo()
+    resumed = head_trainer(distilled, tiny_models["llama"], tmp_path / "cut.safetensors", config)
+    assert resumed.resume() and resumed.state.step == stop_at
+    resumed.run()
+    assert (resumed.state.step, resumed.state.epoch, resumed.state.batch_in_epoch, resumed.state.last_eval) == (
+        whole.state.step,
+        whole.state.epoch,
+        whole.state.batch_in_epoch,
+        whole.state.last_eval,
+    )
+    for name, tensor in whole.objective.model.state_dict().items():
+        assert torch.equal(resumed.objective.model.state_dict()[name], tensor), name
+    for param, moments in whole.optimizer.state_dict()["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(resumed.optimizer.state_dict()["state"][param][key], value), (param, key)
+
+
+class RunsCode:
+    """Unpickled, it creates the file `ran`: what a hostile pickle checkpoint could do instead."""
+
+    def __init__(self, ran) -> None:
+        self.ran = ran
+
+    def __reduce__(self):
+        return (Path.touch, (self.ran,))
+
+
+def test_a_checkpoint_from_someone_else_never_runs_code(tmp_path):
+    """A pickle under any name, the old checkpoint.pt included, is refused unread: unpickling it would run code."""
+    ran = tmp_path / "ran"
+
+    def trainer(checkpoint) -> Trainer:
+        return Trainer(SimpleNamespace(model=torch.nn.Linear(2, 2)), [], [], TINY_TRAINING, checkpoint)
+
+    for name in ("checkpoint.pt", "checkpoint.safetensors"):
+        (tmp_path / name).write_bytes(pickle.dumps({"model": RunsCode(ran)}))
+        with pytest.raises(UsageError, match=f"{name} is not a quickdraft training checkpoint .*; delete it"):
+            trainer(tmp_path / name).resume()
+    older = tmp_path / "older.safetensors"
+    older.with_suffix(".pt").write_bytes(pickle.dumps({"model": RunsCode(ran)}))
+    with pytest.raises(
+        UsageError, match="older.pt is a pickle checkpoint of an older quickdraft, which is never loaded"
+    ):
+        trainer(older).resume()
+    assert not ran.exists()
 
 
 def test_init_head_starts_from_that_heads_weights_and_vocabulary(distilled, tiny_models, tmp_path):

@@ -196,6 +196,8 @@ def text(**fields) -> dict:
 
 
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+USER_HI = {"role": "user", "content": "hi"}
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 KEY = {"Authorization": f"Bearer {API_KEY}"}
 # (id, method, path, body: dict | bytes | None, headers, expected status, expected param, expected code)
 INVALID = [
@@ -311,6 +313,59 @@ INVALID = [
     ("logprobs", "POST", CHAT, chat(logprobs=True), KEY, 400, "logprobs", None),
     ("tools", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), KEY, 400, "tools", None),
     ("presence-penalty", "POST", CHAT, chat(presence_penalty=1.0), KEY, 400, "presence_penalty", None),
+    ("tool-choice-required", "POST", CHAT, chat(tool_choice="required"), KEY, 400, "tool_choice", None),
+    (
+        "tool-choice-function",
+        "POST",
+        CHAT,
+        chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+        KEY,
+        400,
+        "tool_choice",
+        None,
+    ),
+    ("modalities-audio", "POST", CHAT, chat(modalities=["text", "audio"]), KEY, 400, "modalities", None),
+    ("audio-output", "POST", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), KEY, 400, "audio", None),
+    (
+        "content-null",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "user", "content": None}]),
+        KEY,
+        400,
+        "messages[0].content",
+        None,
+    ),
+    (
+        "content-missing",
+        "POST",
+        CHAT,
+        chat(messages=[{"role": "system", "content": "Be brief."}, {"role": "user"}]),
+        KEY,
+        400,
+        "messages[1].content",
+        None,
+    ),
+    (
+        "assistant-content-null",
+        "POST",
+        CHAT,
+        chat(messages=[USER_HI, {"role": "assistant", "content": None}, USER_HI]),
+        KEY,
+        400,
+        "messages[1].content",
+        None,
+    ),
+    (
+        "assistant-tool-calls",
+        "POST",
+        CHAT,
+        chat(messages=[USER_HI, {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]}, USER_HI]),
+        KEY,
+        400,
+        "messages[1].tool_calls",
+        None,
+    ),
     ("logit-bias-wrong-type", "POST", CHAT, chat(logit_bias=[1, 2]), KEY, 400, "logit_bias", None),
     ("drafter-path", "POST", CHAT, chat(quickdraft={"drafter": "/etc/passwd"}), KEY, 400, "quickdraft.drafter", None),
     ("draft-k-too-big", "POST", CHAT, chat(quickdraft={"k": 100}), KEY, 400, "quickdraft.k", None),
@@ -332,6 +387,27 @@ INVALID = [
     ("wrong-method", "GET", CHAT, None, KEY, 405, None, "method_not_allowed"),
     ("unknown-route", "GET", "/v1/engines", None, KEY, 404, None, "not_found"),
     ("body-too-large", "POST", TEXT, text(prompt="x" * (MAX_BODY + 1)), KEY, 413, None, "request_too_large"),
+    (
+        "body-text-plain",
+        "POST",
+        CHAT,
+        chat(),
+        {**KEY, "Content-Type": "text/plain"},
+        415,
+        None,
+        "unsupported_media_type",
+    ),
+    (
+        "body-form",
+        "POST",
+        TEXT,
+        b"model=tiny&prompt=hi",
+        {**KEY, "Content-Type": "application/x-www-form-urlencoded"},
+        415,
+        None,
+        "unsupported_media_type",
+    ),
+    ("host-rebound", "POST", TEXT, text(), {**KEY, "Host": "evil.example:8000"}, 400, None, "host_not_allowed"),
 ]
 
 
@@ -358,7 +434,8 @@ def test_chunked_body_over_the_limit_is_refused(server):
         for _ in range(4):
             yield b" " * (MAX_BODY // 2)
 
-    response = httpx.post(f"{server.base_url}{TEXT}", content=chunks(), headers=KEY, timeout=30)
+    headers = {**KEY, "Content-Type": "application/json"}
+    response = httpx.post(f"{server.base_url}{TEXT}", content=chunks(), headers=headers, timeout=30)
     assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
 
 
@@ -367,6 +444,18 @@ def test_unknown_fields_of_any_type_are_ignored(server):
     response = httpx.post(f"{server.base_url}{TEXT}", json=body, headers=KEY, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_requests_that_ask_for_nothing_unsupported_are_answered(server):
+    """tool_choice none or auto with no tools, text-only modalities, an empty message: nothing to refuse."""
+    for body in (
+        chat(tool_choice="none"),
+        chat(tool_choice="auto"),
+        chat(modalities=["text"], audio=None),
+        chat(messages=[{"role": "system", "content": ""}, USER_HI]),
+    ):
+        response = httpx.post(f"{server.base_url}{CHAT}", json=body, headers=KEY, timeout=30)
+        assert response.status_code == 200, (body, response.text)
 
 
 def test_server_stays_healthy_after_bad_requests(server, client):

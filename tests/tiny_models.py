@@ -24,6 +24,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 SPECIAL_TOKENS = ["<bos>", "<eos>", "<pad>", "<|end|>"]
+CHATML_TEMPLATE = (  # SmolLM2-135M-Instruct's chat template, as its tokenizer ships it
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def build_tokenizer(vocab_size: int = 320, corpus: list[str] = CORPUS) -> PreTrainedTokenizerFast:
@@ -37,6 +43,15 @@ def build_tokenizer(vocab_size: int = 320, corpus: list[str] = CORPUS) -> PreTra
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def chatml_tokenizer() -> PreTrainedTokenizerFast:
+    """The test tokenizer with ChatML's control tokens added and a real ChatML template (for tokenizer tests only:
+    its two extra ids lie beyond the tiny models' vocabulary)."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
 
 
 def llama_config(vocab_size: int, **overrides) -> LlamaConfig:

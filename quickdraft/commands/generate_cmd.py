@@ -19,7 +19,9 @@ def register(subparsers) -> None:
         help="generate text with speculative decoding",
         description="Generate text with speculative decoding; the output is exactly what the target alone would write.",
     )
-    parser.add_argument("prompt", help="the prompt text (use --chat to wrap it in the model's chat template)")
+    parser.add_argument(
+        "prompt", help="the prompt: a user message in the model's chat template when it has one, else plain text"
+    )
     add_model_arguments(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="sample only from the k most likely tokens; 0 = off")
@@ -33,8 +35,18 @@ def register(subparsers) -> None:
         metavar="TEXT",
         help="stop when this text appears (repeatable); it is not printed",
     )
-    parser.add_argument(
-        "--chat", action="store_true", help="format the prompt as a user message with the model's chat template"
+    formats = parser.add_mutually_exclusive_group()
+    formats.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message in the model's chat template (the default when the model has one; "
+        "with --chat a model without one is an error)",
+    )
+    formats.add_argument(
+        "--raw",
+        action="store_true",
+        help="feed the prompt as plain text for the model to continue, without the chat template; special tokens' "
+        "strings in it (such as <|im_start|>) stay text",
     )
     parser.add_argument(
         "--compare",
@@ -56,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         threads=args.threads,
     )
-    prompt_ids = engine.encode(args.prompt, chat=args.chat)
+    has_template = bool(engine.target.tokenizer.chat_template)
+    chat = args.chat or (has_template and not args.raw)
+    prompt_ids = engine.encode(args.prompt, chat=chat)
     if args.compare:
         engine.generate(prompt_ids, SamplingParams(max_new_tokens=WARMUP_TOKENS))
     result = engine.generate(prompt_ids, params) if args.json else _stream_to_stdout(engine, prompt_ids, params)
@@ -65,7 +79,28 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_json_report(engine.spec, result, baseline)))
     else:
         _print_report(engine.spec, result, baseline)
+    note = empty_answer_note(result, chat, has_template)
+    if note:
+        print(note, file=sys.stderr)
     return 0
+
+
+def empty_answer_note(result: Finished, chat: bool, has_template: bool) -> str | None:
+    """Why nothing was printed, when nothing was (else None)."""
+    if result.text:
+        return None
+    if result.stats.generated_tokens:
+        return (
+            f"quickdraft: the answer's {result.stats.generated_tokens} tokens hold no text "
+            "(special tokens only, or a --stop string at its very start)"
+        )
+    if chat:
+        hint = "try another wording, or sample with --temperature 0.7"
+    elif has_template:
+        hint = "the model has a chat template: drop --raw to send the prompt through it"
+    else:
+        hint = "this model continues text: give it the beginning of what it should write"
+    return f"quickdraft: the model ended its answer at once (end of sequence), so there is no text; {hint}"
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -15,7 +15,7 @@ from quickdraft.commands.arguments import add_model_arguments
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
-from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings
+from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings, allowed_hosts_for, is_loopback
 
 DEFAULT_MAX_BATCH = 8  # requests generated at once; see BENCHMARKS.md (bench-serve sweep)
 
@@ -33,6 +33,13 @@ def register(subparsers) -> None:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="NAMES",
+        help="Host header names answered, any port (comma list, * for any); default: localhost, 127.0.0.1 and "
+        "[::1] when --host is a loopback address (a web page cannot rebind its name to this machine), else any",
+    )
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route except /health"
@@ -86,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.server import create_app
 
     settings = server_settings(args)
+    warning = exposure_warning(args.host, settings.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     SpecConfig(
         drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max
     )  # checked before listening (no --drafter: chosen once the target loads)
@@ -123,6 +133,17 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.max_tokens,
+        allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
+    )
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A loud line when the server will listen beyond this machine with no API key, else None."""
+    if api_key is not None or is_loopback(host):
+        return None
+    return (
+        f"quickdraft: WARNING: listening on {host} without an API key: anyone who can reach this address can "
+        "run generations; pass --api-key or --api-key-file (and put TLS in front), or bind 127.0.0.1"
     )
 
 

@@ -3,7 +3,7 @@
 Layout of the output directory:
 
     DIR/data/           shards of self-generated answers with the target's states (see data.py)
-    DIR/train/          vocab.json (fixed at the first training run) and checkpoint.pt
+    DIR/train/          vocab.json (fixed at the first training run) and checkpoint.safetensors
     DIR/head.safetensors, DIR/config.json, DIR/README.md   the head (kind "head")
     DIR/standalone/     a transformers model directory (kind "standalone")
 
@@ -102,7 +102,11 @@ def _train_head(
     head = build_head(HeadConfig.like_target(target.config.get_text_config()), target, vocab.ids)
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(
-        HeadObjective(head, options.training), train, heldout, options.training, options.out / "train" / "checkpoint.pt"
+        HeadObjective(head, options.training),
+        train,
+        heldout,
+        options.training,
+        options.out / "train" / "checkpoint.safetensors",
     )
     start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
     if options.resume and trainer.resume():

@@ -85,7 +85,11 @@ def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
     _, output = target.runner.embedding_matrices()
     train, heldout = split_examples(shards, options.training.train_on_prompts)
     trainer = Trainer(
-        StandaloneObjective(model, output), train, heldout, options.training, options.out / "train" / "standalone.pt"
+        StandaloneObjective(model, output),
+        train,
+        heldout,
+        options.training,
+        options.out / "train" / "standalone.safetensors",
     )
     if options.resume:
         trainer.resume()

@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from quickdraft.distill.checkpoint import load_checkpoint, save_checkpoint
 from quickdraft.distill.data import Shard
 from quickdraft.drafters.head.model import DraftHead
+from quickdraft.errors import UsageError
 
 HELDOUT_EVERY = 20  # prompt index % HELDOUT_EVERY == 0 goes to the held-out split (5%)
 
@@ -182,6 +184,7 @@ class Trainer:
     def __init__(
         self, objective: Objective, train: list[Example], heldout: list[Example], config: TrainConfig, checkpoint: Path
     ) -> None:
+        """`checkpoint`: the .safetensors file progress is saved to and resumed from (see `distill/checkpoint.py`)."""
         self.objective, self.train, self.heldout, self.config = objective, train, heldout, config
         self.checkpoint = checkpoint
         parameters = [p for p in objective.model.parameters() if p.requires_grad]
@@ -193,12 +196,16 @@ class Trainer:
 
     def resume(self) -> bool:
         """Load the checkpoint if there is one; True when training continues from it."""
+        pickled = self.checkpoint.with_suffix(".pt")
+        if not self.checkpoint.exists() and pickled.exists():
+            raise UsageError(
+                f"{pickled} is a pickle checkpoint of an older quickdraft, which is never loaded (unpickling can run "
+                "any code); delete it to train from the start"
+            )
         if not self.checkpoint.exists():
             return False
-        saved = torch.load(self.checkpoint, weights_only=False)
-        self.objective.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.state = TrainState(**saved["state"])
+        progress = load_checkpoint(self.checkpoint, self.objective.model, self.optimizer)
+        self.state = TrainState(**progress)
         return True
 
     def run(self) -> dict:
@@ -254,14 +261,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.checkpoint.with_name(self.checkpoint.name + ".partial")
-        saved = {
-            "model": self.objective.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "state": asdict(self.state),
-        }
-        torch.save(saved, temporary)
-        temporary.replace(self.checkpoint)
+        save_checkpoint(self.checkpoint, self.objective.model, self.optimizer, asdict(self.state))
 
 
 def _short(metrics: dict | None) -> str:

@@ -1,8 +1,10 @@
 """What a checkpoint directory says about its model: config.json, and the `ModelInfo` built from it
-and generation_config.json."""
+and generation_config.json; and the check that a safetensors file is whole."""
 
 import json
 from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
 
 from quickdraft.errors import ModelError
 from quickdraft.models.base import ModelInfo
@@ -39,3 +41,20 @@ def _eos_ids(config: dict) -> set[int]:
     if eos is None:
         return set()
     return set(eos) if isinstance(eos, list) else {int(eos)}
+
+
+def check_safetensors(path: Path, owner: str, remedy: str) -> None:
+    """Refuse a file whose safetensors header is unreadable or does not cover the whole file (a truncated copy).
+
+    `owner` says whose file it is ("the model's"), `remedy` what to do; only the header is read.
+    """
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise ModelError(f"{owner} {path} is truncated or not a safetensors file ({one_line(exc)}); {remedy}") from exc
+
+
+def one_line(error: BaseException) -> str:
+    """A library's error message on one line (some span several)."""
+    return " ".join(str(error).split()) or type(error).__name__

@@ -21,7 +21,9 @@ from transformers import (
 from quickdraft.config import DType, Runtime
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.base import ModelInfo, ModelRunner
-from quickdraft.models.checkpoint import model_info, read_config
+from quickdraft.models.checkpoint import check_safetensors, model_info, one_line, read_config
+
+_REFETCH = "fetch or save the model again (a built-in one: quickdraft models fetch --force NAME)"
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,12 @@ def load_model_dir(
     """Load a local directory holding config.json, safetensors weights and tokenizer files."""
     model_dir = Path(model_dir)
     name = name or str(model_dir)
+    config = _load_config(model_dir)
+    for weights in sorted(model_dir.glob("*.safetensors")):
+        check_safetensors(weights, "the model's", _REFETCH)
     tokenizer = _load_tokenizer(model_dir)
     runner = _build_runner(model_dir, runtime, dtype, device, name, tokenizer)
-    return LoadedModel(runner=runner, tokenizer=tokenizer, config=AutoConfig.from_pretrained(model_dir))
+    return LoadedModel(runner=runner, tokenizer=tokenizer, config=config)
 
 
 def transformers_model(model: LoadedModel) -> PreTrainedModel:
@@ -65,6 +70,17 @@ def transformers_model(model: LoadedModel) -> PreTrainedModel:
             "load it with runtime='hf'"
         )
     return model.runner.model
+
+
+def _load_config(model_dir: Path) -> PretrainedConfig:
+    """config.json as transformers reads it, checked first: a wrong type there is one line naming the file."""
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except Exception as exc:  # transformers and its strict dataclasses raise many types here; the cause stays chained
+        raise ModelError(
+            f"the model's {model_dir / 'config.json'} is not a valid model config ({one_line(exc)}); "
+            f"fix it, or {_REFETCH}"
+        ) from exc
 
 
 def _load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:

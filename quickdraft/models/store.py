@@ -62,6 +62,11 @@ def local_model_dir(name_or_path: str, *, progress: bool = True) -> Path:
         return _checked_hf_dir(path)
     if path.is_file():
         return _converted_local_gguf(path, progress=progress)
+    if path.exists():
+        raise ModelError(
+            f"{name_or_path} is not a directory or a regular file (a device, pipe or socket); pass a model "
+            "directory, a .gguf file, or a built-in name (quickdraft models list)"
+        )
     if name_or_path.endswith(".gguf") or name_or_path.startswith(("/", ".", "~")):
         raise ModelError(
             f"no such file or directory: {name_or_path}; "

@@ -24,7 +24,12 @@ from quickdraft.errors import ModelError, UsageError
 from quickdraft.server import generation, responses
 from quickdraft.server.errors import APIError, invalid, loading, queue_full
 from quickdraft.server.metrics import ServerMetrics
-from quickdraft.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from quickdraft.server.middleware import (
+    AllowedHostsMiddleware,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    JsonBodyMiddleware,
+)
 from quickdraft.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_request
 from quickdraft.server.settings import ServerSettings
 from quickdraft.server.worker import EngineWorker
@@ -58,9 +63,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.quickdraft = state
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)  # the last added runs first
+    app.add_middleware(JsonBodyMiddleware)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.allowed_hosts is not None:
+        app.add_middleware(AllowedHostsMiddleware, hosts=settings.allowed_hosts)
     _add_error_handlers(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)

@@ -62,3 +62,22 @@ def body_too_large(limit: int) -> APIError:
     return APIError(
         413, f"the request body is larger than {limit} bytes; send a shorter prompt", code="request_too_large"
     )
+
+
+def unsupported_media_type(content_type: str) -> APIError:
+    sent = f"'{content_type}'" if content_type else "no Content-Type"
+    return APIError(
+        415,
+        f"the request body must be JSON, but {sent} was sent; send the header 'Content-Type: application/json'",
+        code="unsupported_media_type",
+    )
+
+
+def host_not_allowed(host: str) -> APIError:
+    named = f"the Host header '{host}' is not a name" if host else "a request without a Host header is not"
+    return APIError(
+        400,
+        f"{named} this server answers to (a web page may be rebinding its name to this machine); "
+        "connect as localhost or 127.0.0.1, or start the server with --allowed-hosts NAME",
+        code="host_not_allowed",
+    )

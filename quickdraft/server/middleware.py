@@ -1,16 +1,59 @@
-"""ASGI middleware: the API key check and the request body size limit.
+"""ASGI middleware: the Host check, the API key check, JSON-only bodies and the request body size limit.
 
-Both are plain ASGI (not Starlette's BaseHTTPMiddleware), so streaming responses and client
-disconnects pass through untouched.
+All are plain ASGI (not Starlette's BaseHTTPMiddleware), so streaming responses and client
+disconnects pass through untouched. The Host and JSON checks keep web pages away from a local
+server: a page can make a browser POST a text/plain or form body to any address with no CORS
+preflight, but a JSON body needs one (and this server grants none), and a page that rebinds its
+own name to 127.0.0.1 still sends that name as the Host.
 """
 
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from quickdraft.server.errors import body_too_large, unauthorized
+from quickdraft.server.errors import body_too_large, host_not_allowed, unauthorized, unsupported_media_type
 
 OPEN_PATHS = frozenset({"/health"})  # answered without a key, so load balancers can probe
+
+
+class AllowedHostsMiddleware:
+    """Answers 400 to a request whose Host header (port aside) is not one of `hosts`."""
+
+    def __init__(self, app: ASGIApp, hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.hosts = frozenset(host.lower() for host in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = _header(scope, b"host")
+        if scope["type"] != "http" or host_name(host) in self.hosts:
+            await self.app(scope, receive, send)
+            return
+        await host_not_allowed(host).response()(scope, receive, send)
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header without its port, lower-cased: `[::1]:8000` -> `[::1]`."""
+    name = host[: host.index("]") + 1] if host.startswith("[") and "]" in host else host.rpartition(":")[0] or host
+    return name.lower()
+
+
+class JsonBodyMiddleware:
+    """Answers 415 to a POST whose Content-Type is not application/json (parameters such as charset allowed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        content_type = _header(scope, b"content-type")
+        media_type = content_type.partition(";")[0].strip().lower()
+        if scope["type"] != "http" or scope["method"] != "POST" or media_type == "application/json":
+            await self.app(scope, receive, send)
+            return
+        await unsupported_media_type(content_type).response()(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    return dict(scope.get("headers", ())).get(name, b"").decode("latin-1")
 
 
 class ApiKeyMiddleware:

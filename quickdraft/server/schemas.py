@@ -2,7 +2,7 @@
 
 Known fields are checked for type and range (strict JSON types: `"5"` is not a number); unknown
 fields are ignored, as most OpenAI-compatible servers do. OpenAI features quickdraft does not
-implement (several choices, penalties, log-probabilities, tools) are accepted only at their
+implement (several choices, penalties, log-probabilities, tools, audio) are accepted only at their
 neutral values, so a request is never silently answered differently from what it asked.
 `parse_request` turns every validation failure into a 400 OpenAI error naming the parameter.
 """
@@ -29,13 +29,29 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = None  # null or missing is refused with a message naming it
     name: str | None = None
+    tool_calls: list[dict] | None = None  # refused: quickdraft calls no tools
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "\n".join(part.text for part in self.content)
         return self.content or ""
+
+    def unsupported(self, index: int) -> list[tuple[bool, str, str]]:
+        where = f"messages[{index}]"
+        return [
+            (
+                bool(self.tool_calls),
+                f"{where}.tool_calls",
+                f"{where}.tool_calls: tool calls are not supported; send the assistant's answer as text content",
+            ),
+            (
+                self.content is None,
+                f"{where}.content",
+                f"{where}.content is null or missing; send the message's text as a string (an empty one if need be)",
+            ),
+        ]
 
 
 class StreamOptions(_Strict):
@@ -111,6 +127,8 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: str | dict | None = None
     response_format: dict | None = None
     parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    audio: dict | None = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -125,10 +143,24 @@ class ChatCompletionRequest(GenerationRequest):
             ),
             (bool(self.tools), "tools", "tools are not supported; omit tools"),
             (
+                self.tool_choice not in (None, "none", "auto"),
+                "tool_choice",
+                f"tool_choice {self.tool_choice!r} asks for a tool call, but quickdraft calls no tools; "
+                "omit tool_choice or send 'none'",
+            ),
+            (
                 response_type != "text",
                 "response_format",
                 f"response_format {response_type!r} is not supported; omit it",
             ),
+            (
+                self.modalities not in (None, ["text"]),
+                "modalities",
+                f"modalities {self.modalities!r} are not supported: quickdraft writes text only; "
+                "omit modalities or send ['text']",
+            ),
+            (self.audio is not None, "audio", "audio output is not supported: quickdraft writes text only; omit audio"),
+            *(problem for index, message in enumerate(self.messages) for problem in message.unsupported(index)),
         ]
 
 

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from quickdraft.drafters.head.identity import check_target
 from quickdraft.drafters.head.model import DraftHead, HeadConfig
 from quickdraft.errors import UsageError
+from quickdraft.models.checkpoint import check_safetensors
 from quickdraft.models.loading import LoadedModel
 
 FORMAT = "quickdraft-head/1"
@@ -65,6 +66,10 @@ def load_head(directory: Path, target: LoadedModel) -> DraftHead:
     check_target(config["target"], target, str(directory))
     vocab_ids = torch.tensor(config["vocab"]["ids"], dtype=torch.long)  # [draft_vocab]
     head = build_head(HeadConfig(**config["shapes"]), target, vocab_ids)
-    weights = {name: tensor.float() for name, tensor in load_file(str(Path(directory) / WEIGHTS)).items()}
+    weights_path = Path(directory) / WEIGHTS
+    check_safetensors(
+        weights_path, "the draft head's", "train the head again with quickdraft distill, or copy it again"
+    )
+    weights = {name: tensor.float() for name, tensor in load_file(str(weights_path)).items()}
     head.load_state_dict(weights)
     return head.eval()
