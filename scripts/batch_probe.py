@@ -1,0 +1,59 @@
+"""What a batched native forward costs, per dtype: one target forward over B sequences of r new tokens each.
+
+    python scripts/batch_probe.py smollm2-135m-instruct --dtypes int8,bfloat16 --threads 2
+
+Every sequence first reads a 64-token context into its own slot; each shape is then timed `--repeats` times
+(rolled back after each) and the median printed with rows per second. docs/native_runtime.md quotes it.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from quickdraft.models.base import SequenceStep
+from quickdraft.models.native import native_runner_for
+from quickdraft.models.store import local_model_dir
+
+CONTEXT = tuple(range(100, 164))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="built-in name or HF directory")
+    parser.add_argument("--dtypes", default="int8,bfloat16")
+    parser.add_argument("--batches", default="1,2,4,8,16")
+    parser.add_argument("--rows", default="1,4", help="new tokens per sequence (1: plain decoding, 4: a 3-token draft)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = local_model_dir(args.model, progress=False)
+    batches, rows = [int(b) for b in args.batches.split(",")], [int(r) for r in args.rows.split(",")]
+    print(f"{args.model}, {args.threads} threads, {len(CONTEXT)}-token contexts, median of {args.repeats}")
+    print(f"{'dtype':>9} {'batch':>5} {'rows/seq':>8} {'ms':>7} {'rows/s':>7}")
+    for dtype in args.dtypes.split(","):
+        runner = native_runner_for(path, dtype)
+        slots = [runner.open_slot() for _ in range(max(batches))]
+        runner.forward_batch([SequenceStep(slot, CONTEXT, "none") for slot in slots])
+        for batch in batches:
+            for n in rows:
+                seconds = median_forward(runner, slots[:batch], n, args.repeats)
+                print(f"{dtype:>9} {batch:>5} {n:>8} {seconds * 1000:7.1f} {batch * n / seconds:7.0f}", flush=True)
+
+
+def median_forward(runner, slots: list[int], n: int, repeats: int) -> float:
+    steps = [SequenceStep(slot, tuple(range(200, 200 + n))) for slot in slots]
+    timings = []
+    for _ in range(repeats + 1):  # the first, untimed, picks the kernels' plans
+        started = time.perf_counter()
+        runner.forward_batch(steps)
+        timings.append(time.perf_counter() - started)
+        for slot in slots:
+            runner.rollback_slot(slot, len(CONTEXT))
+    return statistics.median(timings[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The serving sweep of BENCHMARKS.md: quickdraft serve with and without speculation, and llama-server on the
+# same GGUF when given its binaries, each measured by `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
+#   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
+# Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
+# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128). Run it on an otherwise idle machine.
+set -euo pipefail
+out=${1:?usage: scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]}
+llama_bin=${2:-}
+model=${MODEL:-smollm2-135m-instruct}
+threads=${THREADS:-2}
+max_batch=${MAX_BATCH:-16}
+prompts=${PROMPTS:-../shared/data/specbench_dev.jsonl}
+levels=${CONCURRENCY:-1,2,4,8,16}
+tokens=${MAX_TOKENS:-128}
+bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
+mkdir -p "$out"
+port=8123
+
+wait_healthy() {
+  for _ in $(seq 1 600); do
+    if curl -sf "http://127.0.0.1:$1/health" >/dev/null; then return 0; fi
+    sleep 0.5
+  done
+  echo "server on port $1 did not become healthy" >&2
+  return 1
+}
+
+sweep() {  # label, out dir, extra body
+  "$bin/quickdraft" bench-serve --url "http://127.0.0.1:$port/v1" --prompts "$prompts" --concurrency "$levels" \
+    --max-tokens "$tokens" --label "$1" --out "$out/$2" ${3:+--extra-body "$3"}
+}
+
+"$bin/quickdraft" serve --model "$model" --threads "$threads" --max-batch "$max_batch" --max-queue 64 --port "$port" \
+  > "$out/quickdraft-serve.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+wait_healthy "$port"
+sweep "quickdraft, speculation" quickdraft-spec
+sweep "quickdraft, no speculation" quickdraft-plain '{"quickdraft": {"drafter": "none"}}'
+kill "$server"; wait "$server" 2>/dev/null || true
+runs=("$out/quickdraft-spec/results.json" "$out/quickdraft-plain/results.json")
+
+if [ -n "$llama_bin" ]; then
+  gguf=$("$bin/python" -c "from quickdraft.models.registry import BUILTIN_MODELS; from quickdraft.models.store import cache_dir; print(cache_dir() / 'gguf' / BUILTIN_MODELS['$model'].gguf_filename)")
+  "$llama_bin/llama-server" -m "$gguf" -t "$threads" -np "$max_batch" -c $((max_batch * 4096)) --port "$port" \
+    --spec-type ngram-simple -fa off --jinja > "$out/llama-server.log" 2>&1 &
+  server=$!
+  wait_healthy "$port"
+  sweep "llama-server -np $max_batch --spec-type ngram-simple" llama-server
+  kill "$server"; wait "$server" 2>/dev/null || true
+  runs+=("$out/llama-server/results.json")
+fi
+"$bin/quickdraft" bench-serve --combine "${runs[@]}" --out "$out/combined"
