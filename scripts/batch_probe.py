@@ -1,9 +1,11 @@
-"""What a batched native forward costs, per dtype: one target forward over B sequences of r new tokens each.
+"""What a batched native forward costs, per dtype: one target forward over B sequences of r new tokens each,
+and a prompt's prefill.
 
     python scripts/batch_probe.py smollm2-135m-instruct --dtypes int8,bfloat16 --threads 2
 
 Every sequence first reads a 64-token context into its own slot; each shape is then timed `--repeats` times
-(rolled back after each) and the median printed with rows per second. docs/native_runtime.md quotes it.
+(rolled back after each) and the median printed with rows per second; then `NativeRunner.prefill` of a
+`--prefill`-token prompt. docs/native_runtime.md quotes it.
 """
 
 import argparse
@@ -27,6 +29,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,4", help="new tokens per sequence (1: plain decoding, 4: a 3-token draft)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--prefill", type=int, default=400, help="prompt tokens of the prefill timing (default 400)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     path = local_model_dir(args.model, progress=False)
@@ -41,17 +44,29 @@ def main() -> None:
             for n in rows:
                 seconds = median_forward(runner, slots[:batch], n, args.repeats)
                 print(f"{dtype:>9} {batch:>5} {n:>8} {seconds * 1000:7.1f} {batch * n / seconds:7.0f}", flush=True)
+        prompt = list(range(100, 100 + args.prefill))
+        seconds = median_seconds(lambda r=runner, p=prompt: r.prefill(p), args.repeats)
+        print(f"{dtype:>9} prefill of {args.prefill} tokens: {seconds * 1000:.0f} ms", flush=True)
 
 
 def median_forward(runner, slots: list[int], n: int, repeats: int) -> float:
     steps = [SequenceStep(slot, tuple(range(200, 200 + n))) for slot in slots]
-    timings = []
-    for _ in range(repeats + 1):  # the first, untimed, picks the kernels' plans
-        started = time.perf_counter()
+
+    def forward() -> None:
         runner.forward_batch(steps)
-        timings.append(time.perf_counter() - started)
         for slot in slots:
             runner.rollback_slot(slot, len(CONTEXT))
+
+    return median_seconds(forward, repeats)
+
+
+def median_seconds(action, repeats: int) -> float:
+    """Median seconds of `action` over `repeats` timed calls after an untimed one (kernels pick their plans)."""
+    timings = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        action()
+        timings.append(time.perf_counter() - started)
     return statistics.median(timings[1:])
 
 

@@ -13,7 +13,7 @@ import torch
 from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
 
 from quickdraft.errors import InternalError
-from quickdraft.models.base import BatchRunner, SequenceStep
+from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 from quickdraft.models.native import native_runner_for
 from quickdraft.models.native.weights import Linear
 from tests.test_native_runtime import _COMMON, _save_random_model
@@ -83,7 +83,7 @@ def test_batched_rows_equal_each_sequence_alone(model_dir, dtype):
     assert batch_differences(batched, alone, sequences=5, rounds=40, seed=len(dtype)) == []
 
 
-def split_k_product(self: Linear, x: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
+def split_k_product(self: Linear, x: torch.Tensor, groups) -> torch.Tensor:
     """A batch-variant kernel: one product over the whole batch that accumulates the inner dimension in two
     halves when it has more than 4 rows (split-K)."""
     if x.shape[0] <= 4:
@@ -98,6 +98,27 @@ def test_a_batch_variant_kernel_fails_the_invariance_check(model_dir, monkeypatc
     batched, alone = native_runner_for(model_dir, "float32"), native_runner_for(model_dir, "float32")
     monkeypatch.setattr(Linear, "batched", split_k_product)
     assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prompt_leaves_the_same_cache_however_it_is_cut_at_block_boundaries(model_dir, dtype):
+    """Read in one forward, or in chunks ending at PREFILL_BLOCK boundaries beside other sequences: the next
+    verification's logits and states are bit-identical."""
+    runner = native_runner_for(model_dir, dtype)
+    prompt = tuple(random.Random(5).randrange(2, VOCAB) for _ in range(PREFILL_BLOCK + 77))
+    results = []
+    for cuts in ([], [PREFILL_BLOCK]):
+        slot, other = runner.open_slot(), runner.open_slot()
+        bounds = [0, *cuts, len(prompt)]
+        for begin, end in zip(bounds, bounds[1:]):
+            neighbour = SequenceStep(other, (3, 4, 5))  # a verification of another sequence in the same forward
+            runner.forward_batch([SequenceStep(slot, prompt[begin:end], "last"), neighbour])
+        (out,) = runner.forward_batch([SequenceStep(slot, (7, 8, 9), "all", hidden=True)])
+        results.append(out)
+        runner.close_slot(slot)
+        runner.close_slot(other)
+    for out in results[1:]:
+        assert torch.equal(out.logits, results[0].logits) and torch.equal(out.hidden, results[0].hidden)
 
 
 def test_the_batch_one_methods_equal_a_batched_forward(model_dir):

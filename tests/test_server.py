@@ -64,7 +64,10 @@ def engine(tiny_models):
 
 
 def test_prints_where_it_listens_and_lists_the_model(server, client):
-    assert f"quickdraft: serving tiny (drafter ngram, k 4, max batch 1) at http://127.0.0.1:{server.port}/v1" in server.log()
+    assert (
+        f"quickdraft: serving tiny (drafter ngram, k 4, max batch 1) at http://127.0.0.1:{server.port}/v1"
+        in server.log()
+    )
     assert [model.id for model in client.models.list()] == ["tiny"]
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
 

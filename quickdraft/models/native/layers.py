@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quickdraft.models.native.weights import LayerWeights
+from quickdraft.models.native.weights import LayerWeights, RowGroup
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ def windowed_attention(
     return out.view(kv_heads, n, groups, head_dim).permute(1, 0, 2, 3).reshape(n, heads * head_dim)
 
 
-def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, lengths: tuple[int, ...]) -> torch.Tensor:
-    """down(act(gate(x)) * up(x)) with gate and up in one matmul: x [N, d] (sequences of `lengths` rows) -> [N, d]."""
-    gate, up = weights.gate_up.batched(x, lengths).chunk(2, dim=-1)  # [N, I] each
+def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, groups: tuple[RowGroup, ...]) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)), gate and up in one matmul: x [N, d] -> [N, d] (`groups`: `Linear.batched`)."""
+    gate, up = weights.gate_up.batched(x, groups).chunk(2, dim=-1)  # [N, I] each
     gate = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    return weights.down.batched(gate * up, lengths)
+    return weights.down.batched(gate * up, groups)

@@ -4,12 +4,14 @@ One Python loop over layers, fused projections, no module hooks and no per-step 
 beyond the activations; see `spec.py` for what distinguishes the supported families.
 
 The runner holds several sequences, one `KVCache` slot each (`BatchRunner`). A batched forward
-stacks every sequence's new tokens into one [N, d] activation: embeddings, norms, RoPE and the
-matrix products run over all N rows at once (see `Linear.batched` for why each row equals its
-sequence's own), while attention runs per sequence over its own cache with exactly the shapes a
-forward of that sequence alone would use. The batch-1 `ModelRunner` methods work on slot 0.
+stacks every sequence's new tokens into one [N, d] activation: embeddings, norms and RoPE run over
+all N rows at once, the matrix products over all verification rows at once in int8 and over each
+prompt block on its own (see `Linear.batched` for why each row equals its sequence's own), while
+attention runs per sequence over its own cache with exactly the shapes a forward of that sequence
+alone would use. The batch-1 `ModelRunner` methods work on slot 0.
 """
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +23,7 @@ from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm, windowed_attention
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
-from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights
+from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights, RowGroup
 
 PREFILL_CHUNK = 4 * PREFILL_BLOCK  # prompt tokens per forward during a batch-1 prefill
 OWN_SLOT = 0  # the slot of the batch-1 methods (prefill, forward, rollback)
@@ -44,6 +46,14 @@ class _Sequence:
     start: int  # its first new position
     rows: slice  # its rows in the stacked activations
     parts: tuple[_Part, ...]  # a verification: one part; a prompt chunk: one per PREFILL_BLOCK it touches
+    prompt: bool  # a prompt chunk (its parts are prompt blocks)
+
+    def row_groups(self) -> tuple[RowGroup, ...]:
+        """How its rows go through the matrix products: a verification together, a prompt chunk by block."""
+        if not self.prompt:
+            return (RowGroup(self.rows, prompt_block=False),)
+        offset = self.rows.start
+        return tuple(RowGroup(slice(offset + p.rows.start, offset + p.rows.stop), True) for p in self.parts)
 
 
 class NativeRunner:
@@ -132,13 +142,14 @@ class NativeRunner:
         if len({step.slot for step in steps}) != len(steps):
             raise InternalError("a batched forward got the same slot twice")
         sequences = self._sequences(steps)
-        lengths = tuple(len(step.token_ids) for step in steps)
+        lengths = [len(step.token_ids) for step in steps]
         positions = torch.cat([torch.arange(s.start, s.start + n) for s, n in zip(sequences, lengths)])  # [N]
         positions = positions.to(self.device)
         rope = {key: (table.cos[positions], table.sin_signed[positions]) for key, table in self._rope.items()}
+        groups = tuple(group for sequence in sequences for group in sequence.row_groups())
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         for i, layer in enumerate(self._weights.layers):
-            x = self._layer(i, layer, x, sequences, lengths, rope[self.spec.layer_rope[i]])
+            x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]])
         for sequence, n in zip(sequences, lengths):
             sequence.cache.length = sequence.start + n
         return self._outputs(steps, sequences, x)
@@ -150,8 +161,9 @@ class NativeRunner:
             cache, n = self._slots[step.slot], len(step.token_ids)
             if cache.reserve(n) and cache.capacity > self._rope_capacity:
                 self._rope = self._rope_tables(cache.capacity)
-            parts = self._parts(cache.length, n, verification=step.logits == "all")
-            sequences.append(_Sequence(cache, cache.length, slice(offset, offset + n), parts))
+            verification = step.logits == "all"
+            parts = self._parts(cache.length, n, verification)
+            sequences.append(_Sequence(cache, cache.length, slice(offset, offset + n), parts, not verification))
             offset += n
         return sequences
 
@@ -182,8 +194,10 @@ class NativeRunner:
         normed = rms_norm(x[torch.cat(state_rows)], self._weights.final_norm, self.spec.rms_norm_eps)  # [M, d]
         per_sequence = normed.split([len(rows) for rows in state_rows])
         logit_inputs = [states[-len(rows) :] for states, (_, rows) in zip(per_sequence, wanted) if rows]
-        logit_lengths = tuple(len(rows) for _, rows in wanted if rows)
-        logits = self._logits(torch.cat(logit_inputs), logit_lengths).split(logit_lengths) if logit_lengths else ()
+        logit_lengths = [len(rows) for _, rows in wanted if rows]
+        bounds = [0, *itertools.accumulate(logit_lengths)]
+        logit_groups = tuple(RowGroup(slice(a, b), prompt_block=False) for a, b in zip(bounds, bounds[1:]))
+        logits = self._logits(torch.cat(logit_inputs), logit_groups).split(logit_lengths) if logit_lengths else ()
         outputs, next_logits = [], iter(logits)
         for step, states, (_, rows) in zip(steps, per_sequence, wanted):
             hidden = states.float() if step.hidden else None
@@ -203,18 +217,18 @@ class NativeRunner:
         layer: LayerWeights,
         x: torch.Tensor,
         sequences: list[_Sequence],
-        lengths: tuple[int, ...],
+        groups: tuple[RowGroup, ...],
         rope: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         spec = self.spec
-        qk, values = self._attention_inputs(layer, x, lengths, rope)
+        qk, values = self._attention_inputs(layer, x, groups, rope)
         queries, keys = qk[:, : spec.num_heads], qk[:, spec.num_heads :]  # [N, H, hd], [N, KV, hd]
         window_size = spec.layer_windows[i]
         attended = [
             self._attend(i, queries[seq.rows], keys[seq.rows], values[seq.rows], seq, window_size) for seq in sequences
         ]
         return self._attention_output_and_mlp(
-            layer, x, torch.cat(attended) if len(attended) > 1 else attended[0], lengths
+            layer, x, torch.cat(attended) if len(attended) > 1 else attended[0], groups
         )
 
     def _attend(
@@ -252,11 +266,15 @@ class NativeRunner:
         return attention(queries, cached_keys, cached_values, window, spec.attention_scale)
 
     def _attention_inputs(
-        self, layer: LayerWeights, x: torch.Tensor, lengths: tuple[int, ...], rope: tuple[torch.Tensor, torch.Tensor]
+        self,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        groups: tuple[RowGroup, ...],
+        rope: tuple[torch.Tensor, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, d] -> rotated queries|keys [N, H + KV, hd], values [N, KV, hd]. Tensors only, no cache."""
         spec, n = self.spec, x.shape[0]
-        qkv = layer.qkv.batched(rms_norm(x, layer.input_norm, spec.rms_norm_eps), lengths)  # [N, (H + 2 KV) hd]
+        qkv = layer.qkv.batched(rms_norm(x, layer.input_norm, spec.rms_norm_eps), groups)  # [N, (H + 2 KV) hd]
         qk = qkv[:, : self._qk_width].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
         values = qkv[:, self._qk_width :].view(n, spec.num_kv_heads, spec.head_dim)
         if layer.qk_norm is not None:
@@ -264,15 +282,15 @@ class NativeRunner:
         return apply_rope(qk, *rope), values
 
     def _attention_output_and_mlp(
-        self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor, lengths: tuple[int, ...]
+        self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor, groups: tuple[RowGroup, ...]
     ) -> torch.Tensor:
         """x, attended [N, d] -> the next layer's input [N, d]. Tensors only, no cache."""
         spec = self.spec
-        out = layer.o.batched(attended, lengths)
+        out = layer.o.batched(attended, groups)
         if layer.post_attention_norm is not None:
             out = rms_norm(out, layer.post_attention_norm, spec.rms_norm_eps)
         x = x + out
-        out = gated_mlp(rms_norm(x, layer.pre_mlp_norm, spec.rms_norm_eps), layer, spec.activation, lengths)
+        out = gated_mlp(rms_norm(x, layer.pre_mlp_norm, spec.rms_norm_eps), layer, spec.activation, groups)
         if layer.post_mlp_norm is not None:
             out = rms_norm(out, layer.post_mlp_norm, spec.rms_norm_eps)
         return x + out
@@ -282,9 +300,9 @@ class NativeRunner:
         x = torch.nn.functional.embedding(ids, self._weights.embedding)  # [n, d]
         return x if self._embedding_scale is None else x * self._embedding_scale
 
-    def _logits(self, normed: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
-        """Output layer over final-norm states [m, d] of sequences of `lengths` rows -> [m, vocab] float32."""
-        logits = self._weights.lm_head.batched(normed, lengths).float()
+    def _logits(self, normed: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
+        """Output layer over final-norm states [m, d] (each sequence's logit rows one group) -> [m, vocab] float32."""
+        logits = self._weights.lm_head.batched(normed, groups).float()
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

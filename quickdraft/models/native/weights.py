@@ -12,22 +12,36 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from quickdraft.errors import ModelError
+from quickdraft.errors import InternalError, ModelError
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
 _PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 
 
-class Linear:
-    """y = x @ W.T (+ b), with W either in the compute dtype or int8 with one scale per output row."""
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows of a batched forward that go through a matrix product together."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool) -> None:
+    rows: slice  # of the stacked activations
+    prompt_block: bool  # the rows of one PREFILL_BLOCK of a prompt chunk; else a verification's (or logit) rows
+
+
+class Linear:
+    """y = x @ W.T (+ b), with W either in the compute dtype or int8 with one scale per output row.
+
+    With `prompt_dense`, an int8 matrix also keeps its de-quantized form in the compute dtype for prompt
+    blocks (`batched`): the int8 kernel is compute-bound past a few rows, a dense product of a whole block
+    several times faster.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, prompt_dense: bool = False) -> None:
         self.bias = bias  # [out] or None
         self.scales = None  # [out] when int8
         self.weight = weight  # [out, in]
         if int8:
             self.weight, self.scales = quantize_rows(weight)
+        self._prompt_weight = self.weight if not int8 else (self.dense().to(weight.dtype) if prompt_dense else None)
 
     def dense(self) -> torch.Tensor:
         """The weight [out, in] as a float tensor (de-quantized when int8)."""
@@ -39,17 +53,35 @@ class Linear:
         y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias
 
-    def batched(self, x: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
-        """x [N, in], the rows of sequences of `lengths` rows stacked -> [N, out], each sequence's rows equal to
-        its own product's bit for bit.
+    def batched(self, x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
+        """x [N, in], stacked rows of several sequences -> [N, out], every group's rows equal to what they give
+        in a forward of their own sequence alone, bit for bit.
 
-        int8 runs one product over the whole batch: `_weight_int8pack_mm` computes every row the same way
-        whatever the row count. Dense float kernels do not (oneDNN changes blocking and accumulation with
-        the row count), so there each sequence gets a product of its own, shaped as it would be alone.
+        Verification rows in int8 run one product over all of them: `_weight_int8pack_mm` computes every
+        row the same way whatever the row count. Dense float kernels do not (oneDNN changes blocking and
+        accumulation with the row count), so each group of verification rows gets a product of its own,
+        shaped as it would be alone. A prompt block always gets a dense product of its own (the
+        de-quantized matrix in int8): its shape depends only on the prompt, never on the load.
         """
-        if self.scales is not None or len(lengths) == 1:
+        if all(not group.prompt_block for group in groups) and (self.scales is not None or len(groups) == 1):
             return self(x)
-        return torch.cat([self(rows) for rows in x.split(lengths)])
+        pieces, int8_rows = [], []  # int8_rows: consecutive verification groups waiting for one product
+        for group in groups:
+            if not group.prompt_block and self.scales is not None:
+                int8_rows.append(group.rows)
+                continue
+            if int8_rows:
+                pieces.append(self(x[int8_rows[0].start : int8_rows[-1].stop]))
+                int8_rows = []
+            pieces.append(self._prompt_product(x[group.rows]) if group.prompt_block else self(x[group.rows]))
+        if int8_rows:
+            pieces.append(self(x[int8_rows[0].start : int8_rows[-1].stop]))
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
+        if self._prompt_weight is None:
+            raise InternalError("this int8 matrix keeps no dense form for prompt blocks")
+        return F.linear(x, self._prompt_weight, self.bias)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,13 +173,13 @@ def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, int8: bool) -> L
     sandwich = spec.sandwich_norms
     return LayerWeights(
         input_norm=norm("input_layernorm.weight"),
-        qkv=Linear(place(torch.cat((q, k, v))), place(qkv_bias), int8),
+        qkv=Linear(place(torch.cat((q, k, v))), place(qkv_bias), int8, prompt_dense=True),
         qk_norm=qk_norm,
-        o=Linear(place(tensor("self_attn.o_proj.weight")), place(tensor("self_attn.o_proj.bias", False)), int8),
+        o=Linear(place(tensor("self_attn.o_proj.weight")), place(tensor("self_attn.o_proj.bias", False)), int8, True),
         post_attention_norm=norm("post_attention_layernorm.weight") if sandwich else None,
         pre_mlp_norm=norm("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight"),
-        gate_up=Linear(place(torch.cat((gate, up))), None, int8),
-        down=Linear(place(tensor("mlp.down_proj.weight")), None, int8),
+        gate_up=Linear(place(torch.cat((gate, up))), None, int8, prompt_dense=True),
+        down=Linear(place(tensor("mlp.down_proj.weight")), None, int8, prompt_dense=True),
         post_mlp_norm=norm("post_feedforward_layernorm.weight") if sandwich else None,
     )
 
