@@ -38,6 +38,7 @@ from quickdraft.drafters.base import Drafter, DrafterLoadOptions
 from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
+from quickdraft.models.base import SequenceOutput, SequenceStep
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.single_slot import batch_view
 from quickdraft.output import Event, Failed, Finished, RequestOutput, TextDelta
@@ -271,20 +272,20 @@ class Engine:
         if not self._running:
             return self._collect()
         prefills, decodes = self._parts()
-        parts = [part for _, part, _ in prefills] + [request.decode_part(plan) for request, plan in decodes]
+        parts = [part for _, part in prefills] + [request.decode_part(plan) for request, plan in decodes]
         committed = {request.request_id: self._batch.slot_length(request.slot) for request, _ in decodes}
         started = self._clock()
         try:
             outputs = self._batch.forward_batch(parts)
         except Exception as error:  # the batch is lost; every request in it fails, the engine goes on
-            for request in [r for r, _, _ in prefills] + [r for r, _ in decodes]:
+            for request in [r for r, _ in prefills] + [r for r, _ in decodes]:
                 self._fail(request, error)
             return self._collect()
         seconds = self._clock() - started
         self.last_step = (len(parts), sum(len(p.token_ids) for p in parts))
         if self._memory is not None:
             self._memory.target.observe(self.last_step[1], seconds, len(parts))
-        for (request, part, _), out in zip(prefills, outputs):
+        for (request, part), out in zip(prefills, outputs):
             self._guarded(request, lambda r=request, p=part, o=out: r.take_prefill(p, o))
         for (request, plan), out in zip(decodes, outputs[len(prefills) :]):
             request.stats.verify_seconds += seconds
@@ -314,17 +315,17 @@ class Engine:
         controller = self._controller(spec, drafters)
         return RunningRequest(request_id, output, params, drafters, controller, self._clock, submitted, runner.device)
 
-    def _parts(self) -> tuple[list, list[tuple[RunningRequest, DecodePlan]]]:
-        """This step's prefill chunks (request, part, None), FIFO within `step_tokens`, and each decoding
-        request's plan, priced against the rest of the batch."""
+    def _parts(self) -> tuple[list[tuple[RunningRequest, SequenceStep]], list[tuple[RunningRequest, DecodePlan]]]:
+        """This step's prompt chunks, FIFO within `step_tokens`, and each decoding request's plan, priced
+        against the rest of the batch."""
         budget, prefills = self.step_tokens, []
         for request in self._running:
             if request.prefilling and budget > 0:
                 part = request.prefill_part(budget)
                 budget -= len(part.token_ids)
-                prefills.append((request, part, None))
+                prefills.append((request, part))
         decoding = [r for r in self._running if not r.prefilling and not r.done]
-        rows = sum(len(part.token_ids) for _, part, _ in prefills) + len(decoding)
+        rows = sum(len(part.token_ids) for _, part in prefills) + len(decoding)
         sequences, tokens = len(prefills) + len(decoding), float(len(decoding))
         decodes = []
         for request in decoding:
@@ -337,7 +338,9 @@ class Engine:
             decodes.append((request, plan))
         return prefills, decodes
 
-    def _verified(self, request: RunningRequest, plan: DecodePlan, out, committed: dict[int, int]) -> None:
+    def _verified(
+        self, request: RunningRequest, plan: DecodePlan, out: SequenceOutput, committed: dict[int, int]
+    ) -> None:
         keep = request.take_verification(plan, out, committed[request.request_id])
         self._batch.rollback_slot(request.slot, keep)
 

@@ -10,28 +10,15 @@ import random
 
 import pytest
 import torch
-from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
 
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 from quickdraft.models.native import native_runner_for
 from quickdraft.models.native.weights import Linear
-from tests.test_native_runtime import _COMMON, _save_random_model
+from tests.test_native_runtime import _COMMON, VARIANTS, _save_random_model
 
 VOCAB = _COMMON["vocab_size"]
-CONFIGS = {
-    "llama_gqa": lambda: LlamaConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2),
-    "mistral_sliding": lambda: MistralConfig(**_COMMON, num_attention_heads=4, num_key_value_heads=2, sliding_window=7),
-    "gemma3_interleaved": lambda: Gemma3TextConfig(
-        **{**_COMMON, "num_hidden_layers": 4},
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=32,
-        query_pre_attn_scalar=24,
-        sliding_window=5,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-    ),
-}
+CONFIGS = {name: VARIANTS[name] for name in ("llama_gqa2_tied_linear", "mistral_sliding", "gemma3_interleaved")}
 DTYPES = ("float32", "bfloat16", "int8")
 
 

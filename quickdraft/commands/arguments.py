@@ -12,6 +12,10 @@ since the comma separates the list; everywhere else (`generate --drafter`, `serv
 import argparse
 
 from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES
+from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
+
+DEFAULT_MAX_BATCH = 8  # requests generated at once by serve and batch; see BENCHMARKS.md (the serving sweep)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +49,32 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
     add_runtime_arguments(parser)
+
+
+def add_max_batch_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH,
+        help=f"requests generated at once, one KV cache slot each (default {DEFAULT_MAX_BATCH}; "
+        "a transformers-runtime model runs 1)",
+    )
+
+
+def load_engine(args: argparse.Namespace, max_batch: int = 1) -> Engine:
+    """The engine the flags of `add_model_arguments` name, running up to `max_batch` requests at once."""
+    if max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {max_batch}")
+    return Engine.from_names(
+        args.model,
+        drafter=args.drafter,
+        k=args.k,
+        k_max=args.k_max,
+        runtime=args.runtime,
+        dtype=args.dtype,
+        threads=args.threads,
+        max_batch=max_batch,
+    )
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser, what: str = "the target") -> None:

@@ -18,13 +18,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from quickdraft.commands.arguments import add_model_arguments
+from quickdraft.commands.arguments import add_max_batch_argument, add_model_arguments, load_engine
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine, Failed, Finished
 from quickdraft.errors import UsageError
 from quickdraft.text import Messages
 
-DEFAULT_MAX_BATCH = 8
 LINE_FIELDS = {"prompt", "messages", "id", "max_tokens", "temperature", "top_p", "seed"}
 
 
@@ -46,12 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("input", type=Path, help="JSONL: one object per line with prompt or messages")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file the results are written to")
     add_model_arguments(parser)
-    parser.add_argument(
-        "--max-batch",
-        type=int,
-        default=DEFAULT_MAX_BATCH,
-        help=f"requests generated at once (default {DEFAULT_MAX_BATCH})",
-    )
+    add_max_batch_argument(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default most tokens per answer (128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="default sampling temperature; 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling mass; 1 = off")
@@ -65,18 +59,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens
     )
     lines = read_lines(args.input, defaults)
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
-    engine = Engine.from_names(
-        args.model,
-        drafter=args.drafter,
-        k=args.k,
-        k_max=args.k_max,
-        runtime=args.runtime,
-        dtype=args.dtype,
-        threads=args.threads,
-        max_batch=args.max_batch,
-    )
+    engine = load_engine(args, args.max_batch)
     chat = not args.raw and bool(engine.target.tokenizer.chat_template)
     prompts = [engine.encode(line.prompt, chat=chat or isinstance(line.prompt, list)) for line in lines]
     failures = write_results(engine, lines, prompts, args.out)

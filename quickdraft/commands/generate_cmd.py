@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from quickdraft.commands.arguments import add_model_arguments
+from quickdraft.commands.arguments import add_model_arguments, load_engine
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
@@ -59,15 +59,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    engine = Engine.from_names(
-        args.model,
-        drafter=args.drafter,
-        k=args.k,
-        k_max=args.k_max,
-        runtime=args.runtime,
-        dtype=args.dtype,
-        threads=args.threads,
-    )
+    engine = load_engine(args)
     has_template = bool(engine.target.tokenizer.chat_template)
     chat = args.chat or (has_template and not args.raw)
     prompt_ids = engine.encode(args.prompt, chat=chat)

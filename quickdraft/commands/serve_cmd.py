@@ -11,13 +11,11 @@ import sys
 import threading
 from pathlib import Path
 
-from quickdraft.commands.arguments import add_model_arguments
+from quickdraft.commands.arguments import add_max_batch_argument, add_model_arguments, load_engine
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings, allowed_hosts_for, is_loopback
-
-DEFAULT_MAX_BATCH = 8  # requests generated at once; see BENCHMARKS.md (bench-serve sweep)
 
 
 def register(subparsers) -> None:
@@ -50,13 +48,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--served-model-name", default=None, help="the model name clients send (default: the --model value)"
     )
-    parser.add_argument(
-        "--max-batch",
-        type=int,
-        default=DEFAULT_MAX_BATCH,
-        help=f"requests generated at once, one KV cache slot each (default {DEFAULT_MAX_BATCH}; "
-        "a transformers-runtime model runs 1)",
-    )
+    add_max_batch_argument(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -150,18 +142,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for --model (built-in name, local directory, .gguf file or hub id), refused when its KV cache
     slots could outgrow the memory this machine has available."""
-    if args.max_batch < 1:
-        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
-    engine = Engine.from_names(
-        args.model,
-        drafter=args.drafter,
-        k=args.k,
-        k_max=args.k_max,
-        runtime=args.runtime,
-        dtype=args.dtype,
-        threads=args.threads,
-        max_batch=args.max_batch,
-    )
+    engine = load_engine(args, args.max_batch)
     print(_kv_memory_line(engine), flush=True)
     return engine
 
