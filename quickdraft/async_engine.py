@@ -142,13 +142,17 @@ class AsyncEngine:
             return running, held - running + len(self._submitted)
 
     def stop(self, timeout: float) -> None:
-        """Cancel every job and end the thread after the step in progress."""
+        """Cancel every job and end the thread after the step in progress (waiting up to `timeout` for it)."""
+        self.request_stop()
+        self._thread.join(timeout)
+
+    def request_stop(self) -> None:
+        """Cancel every job without waiting: after the step in progress each gets `Cancelled`, and the thread ends."""
         with self._condition:
             self._stopping = True
             for job in [*self._submitted, *self._jobs.values()]:
                 job.cancel()
             self._condition.notify_all()
-        self._thread.join(timeout)
 
     def _serve(self) -> None:
         while self._next_round():

@@ -618,6 +618,40 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tiny_dirs, tmp_path):
         httpx.get(f"{server.base_url}/health", timeout=2)
 
 
+def test_streams_outliving_the_grace_period_end_with_an_error_and_done(tiny_dirs, tmp_path):
+    """SIGTERM with a 2 s grace period: a running stream and a queued one (it already has its role chunk) both
+    end with an error event and [DONE], not cut mid-text; the server exits 0 with no traceback in its log."""
+    server = start_server(
+        tiny_dirs["llama-long"], tmp_path / "server.log", "--runtime", "hf", "--threads", "1", "--shutdown-timeout", "2"
+    )
+    streams: dict[str, list[str]] = {"running": [], "queued": []}
+    bodies = {
+        "running": (TEXT, long_request(model=str(tiny_dirs["llama-long"]), stream=True, max_tokens=3500)),
+        "queued": (CHAT, {"model": str(tiny_dirs["llama-long"]), "messages": MESSAGES, "stream": True}),
+    }
+
+    def stream_one(name: str) -> None:
+        path, body = bodies[name]
+        with httpx.stream("POST", f"{server.base_url}{path}", json=body, timeout=60) as response:
+            streams[name].extend(line for line in response.iter_lines() if line)
+
+    readers = {name: threading.Thread(target=stream_one, args=(name,)) for name in streams}
+    readers["running"].start()
+    while len(streams["running"]) < 3 and readers["running"].is_alive():
+        time.sleep(0.01)
+    readers["queued"].start()
+    while not streams["queued"] and readers["queued"].is_alive():
+        time.sleep(0.01)
+    assert server.stop(timeout=30) == 0, server.log()
+    for name, reader in readers.items():
+        reader.join(timeout=30)
+        lines = streams[name]
+        assert lines[-1] == "data: [DONE]", (name, lines[-3:])
+        error = json.loads(lines[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "cancelled" and "shutting down" in error["message"], (name, error)
+    assert "Traceback" not in server.log()
+
+
 @pytest.mark.real_model
 def test_real_model_stream_is_identical_to_the_engine(tmp_path, builtin_model_dir):
     model_dir = builtin_model_dir("smollm2-135m-instruct")

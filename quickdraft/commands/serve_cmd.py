@@ -2,13 +2,16 @@
 
 The server starts listening at once (GET /health answers 503 while the models load), loads the
 engine on a background thread, then prints where it serves. SIGTERM or Ctrl-C stop it
-gracefully: in-flight requests get `--shutdown-timeout` seconds to finish, then are cancelled.
+gracefully: in-flight requests get `--shutdown-timeout` seconds to finish, then are cancelled, each
+stream with an error event and [DONE] and each waiting request with a 503, before the connections close.
 """
 
 import argparse
+import asyncio
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from quickdraft.commands.arguments import add_max_batch_argument, add_model_arguments, load_engine
@@ -16,6 +19,8 @@ from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings, allowed_hosts_for, is_loopback
+
+STREAM_END_MARGIN = 1.0  # seconds before --shutdown-timeout runs out at which unfinished jobs are cancelled
 
 
 def register(subparsers) -> None:
@@ -82,7 +87,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn  # imported here: the other commands need neither uvicorn nor FastAPI
 
-    from quickdraft.server import create_app
+    from quickdraft.server import create_app, end_jobs
 
     settings = server_settings(args)
     warning = exposure_warning(args.host, settings.api_key)
@@ -93,16 +98,15 @@ def run(args: argparse.Namespace) -> int:
     )  # checked before listening (no --drafter: chosen once the target loads)
     _check_port(args.port)
     app = create_app(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=args.log_level in ("debug", "info"),
-            timeout_graceful_shutdown=args.shutdown_timeout,
-        )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_level in ("debug", "info"),
+        timeout_graceful_shutdown=args.shutdown_timeout,
     )
+    server = _server_ending_streams(config, lambda: end_jobs(app))
     failure: list[Exception] = []
     threading.Thread(
         target=_load_and_attach, args=(args, app, server, failure), name="quickdraft-loader", daemon=True
@@ -116,6 +120,21 @@ def run(args: argparse.Namespace) -> int:
             else ModelError(f"loading failed: {failure[0]}")
         )
     return 0
+
+
+def _server_ending_streams(config, end_jobs: Callable[[], None]):
+    """uvicorn's server, which on shutdown cancels the unfinished jobs STREAM_END_MARGIN seconds before the grace
+    period runs out: every stream then ends with an event the client can read (an error, then [DONE]) instead
+    of being cut off mid-text when uvicorn cancels what is left."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            grace = self.config.timeout_graceful_shutdown or 0
+            asyncio.get_running_loop().call_later(max(grace - STREAM_END_MARGIN, 0.0), end_jobs)
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:

@@ -83,6 +83,14 @@ def attach_engine(app: FastAPI, engine: Engine) -> None:
     state.worker = worker
 
 
+def end_jobs(app: FastAPI) -> None:
+    """Cancel every job now, without waiting (callable on the event loop): each stream still ends with an error
+    event and [DONE], each waiting request with a 503."""
+    worker = app.state.quickdraft.worker
+    if worker is not None:
+        worker.request_stop()
+
+
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD
     async def health() -> JSONResponse:
