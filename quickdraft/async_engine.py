@@ -172,9 +172,7 @@ class AsyncEngine:
             new, cancelled = list(self._submitted), [i for i, job in self._jobs.items() if job.cancelled]
             self._submitted.clear()
         for request_id in cancelled:
-            self.engine.cancel(request_id)
-            self._end(request_id, Cancelled())
-            self._on_aborted()
+            self._abort(request_id)
         for job in new:
             self._hand_over(job)
         return True
@@ -196,9 +194,7 @@ class AsyncEngine:
         if job is None:  # cancelled earlier in this step's events
             return
         if job.cancelled:  # its consumer left during the step: it gets no more text
-            self.engine.cancel(request_id)
-            self._end(request_id, Cancelled())
-            self._on_aborted()
+            self._abort(request_id)
             return
         self._on_event(job, event, now)
         job.first_event, job.last_event = job.first_event or now, now
@@ -209,6 +205,12 @@ class AsyncEngine:
             self._end(request_id, event)
         else:
             job.emit(event)
+
+    def _abort(self, request_id: int) -> None:
+        """Take a cancelled job out of the engine; it ends with `Cancelled`."""
+        self.engine.cancel(request_id)
+        self._end(request_id, Cancelled())
+        self._on_aborted()
 
     def _end(self, request_id: int, event: JobEvent) -> None:
         with self._condition:

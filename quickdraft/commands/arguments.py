@@ -10,6 +10,7 @@ since the comma separates the list; everywhere else (`generate --drafter`, `serv
 """
 
 import argparse
+from pathlib import Path
 
 from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES
 from quickdraft.engine import Engine
@@ -99,6 +100,15 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, what: str = "the targ
 
 def add_prompts_argument(parser: argparse.ArgumentParser, required: bool, help: str) -> None:
     parser.add_argument("--prompts", metavar="JSONL", required=required, help=help)
+
+
+def output_dir(path: Path) -> Path:
+    """--out, created if missing; UsageError when it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create output directory {path}: {exc}; pass a writable --out") from exc
+    return path
 
 
 def parse_k(text: str) -> int | str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list, k_list
+from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list, k_list, output_dir
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.errors import UsageError
 
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import method_table
     from quickdraft.bench.summary import OVERALL
 
-    out = _output_dir(args.out)
+    out = output_dir(args.out)
     results = _read_results(args.from_results) if args.from_results else _measure(args)
     paths = write_outputs(results, out)
     print(method_table(results["summary"]["groups"][OVERALL]))
@@ -141,11 +141,3 @@ def _read_results(path: Path) -> dict:
     if not isinstance(results, dict) or "measurements" not in results:
         raise UsageError(f"{path} has no measurements; pass a results.json written by quickdraft bench")
     return results
-
-
-def _output_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create output directory {path}: {exc}; pass a writable --out") from exc
-    return path

@@ -12,7 +12,7 @@ from quickdraft.bench.serve.load import LevelRun, ServeBenchConfig, api_base, ch
 from quickdraft.bench.serve.report import level_tables, throughput_ratio_table
 from quickdraft.bench.serve.results import read_runs, results_dict, write_combined, write_run
 from quickdraft.bench.serve.summary import level_summaries
-from quickdraft.commands.arguments import add_prompts_argument, comma_list
+from quickdraft.commands.arguments import add_prompts_argument, comma_list, output_dir
 from quickdraft.errors import UsageError
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.combine:
         return _combine(args)
     config = _config(args)
-    out = _output_dir(args.out)
+    out = output_dir(args.out)
     load_run = run_load(config, on_level=_print_progress)
     results = results_dict(config, load_run, args.label, Path(args.prompts))
     paths = write_run(results, out)
@@ -98,7 +98,7 @@ def _combine(args: argparse.Namespace) -> int:
     if args.url or args.prompts:
         raise UsageError("--combine measures nothing; drop --url and --prompts, or drop --combine to measure")
     runs = read_runs(args.combine)
-    paths = write_combined(runs, _output_dir(args.out))
+    paths = write_combined(runs, output_dir(args.out))
     print(throughput_ratio_table(runs))
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
@@ -164,11 +164,3 @@ def _print_progress(level: LevelRun) -> None:
         f"concurrency {level.concurrency}: {len(level.requests)} requests in {level.wall_time:.1f} s, {failed} failed",
         file=sys.stderr,
     )
-
-
-def _output_dir(path: Path) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create output directory {path}: {exc}; pass a writable --out") from exc
-    return path
