@@ -6,6 +6,8 @@ disconnects, a burst beyond the queue, a bounded load test and a SIGTERM shutdow
 """
 
 import json
+import select
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,7 @@ from tests.server_process import ServerProcess, start_server
 API_KEY = "test-key-123"
 MAX_QUEUE = 8
 MAX_BODY = 64 * 1024
+READ_TIMEOUT = 2.0  # seconds the fixture's server gives a client to send a whole request
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
 
 
@@ -47,6 +50,8 @@ def server(tiny_dirs, tmp_path_factory):
         str(MAX_QUEUE),
         "--max-body-bytes",
         str(MAX_BODY),
+        "--read-timeout",
+        str(READ_TIMEOUT),
         api_key=API_KEY,
     )
     yield process
@@ -465,6 +470,75 @@ def test_server_stays_healthy_after_bad_requests(server, client):
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     response = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0)
     assert response.choices[0].finish_reason in ("stop", "length")
+
+
+HEAD = f"POST {TEXT} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n".encode()
+HALF_BODY = HEAD + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"prompt": "The quick'
+
+
+def raw_exchange(server: ServerProcess, *pieces: bytes, pause: float = 0.0, wait: float = 10.0) -> tuple[bytes, float]:
+    """Send `pieces` on one raw connection, `pause` seconds apart until the server answers, then read until it
+    closes the connection; returns what it answered and the seconds from connecting to the close."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=wait) as sock:
+        started = time.monotonic()
+        for piece in pieces:
+            sock.sendall(piece)
+            if select.select([sock], [], [], pause)[0]:
+                break
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer, time.monotonic() - started
+
+
+def new_log_lines(server: ServerProcess, since: int, expected: str, timeout: float = 10) -> str:
+    """The log written after character `since`, once it holds `expected`."""
+    deadline = time.monotonic() + timeout
+    while expected not in server.log()[since:] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server.log()[since:]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        pytest.param([HEAD[:30]], id="half-sent-headers"),
+        pytest.param([HALF_BODY], id="half-sent-body"),
+        pytest.param([bytes([byte]) for byte in HEAD], id="headers-dripped-a-byte-at-a-time"),
+    ],
+)
+def test_a_request_not_sent_whole_in_time_gets_408_and_the_connection_closes(server, pieces):
+    since = len(server.log())
+    answer, seconds = raw_exchange(server, *pieces, pause=4 * READ_TIMEOUT / len(pieces))
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_timeout"
+    assert READ_TIMEOUT - 0.5 < seconds < READ_TIMEOUT + 3, "the deadline counts from the connection, not per byte"
+    log = new_log_lines(server, since, "did not send a whole request")
+    assert "did not send a whole request within 2 s; closed" in log and "Traceback" not in log, log
+
+
+def test_an_idle_connection_is_closed_without_an_answer(server):
+    answer, seconds = raw_exchange(server)
+    assert answer == b"" and seconds < READ_TIMEOUT + 3
+
+
+def test_a_client_leaving_mid_body_gets_one_log_line(server):
+    since = len(server.log())
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(HALF_BODY)
+            time.sleep(0.2)
+    log = new_log_lines(server, since, "disconnected before sending its whole request")
+    assert log.count("disconnected before sending its whole request") >= 1, log
+    assert "Traceback" not in log and len(log.splitlines()) <= 3, log
+
+
+def test_a_one_mebibyte_header_gets_431_not_a_reset(server):
+    request = HEAD.replace(b"POST", b"GET", 1) + b"X-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    answer, _ = raw_exchange(server, request)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "headers_too_large"
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
 def long_request(**fields) -> dict:

@@ -8,6 +8,7 @@ stream with an error event and [DONE] and each waiting request with a 503, befor
 
 import argparse
 import asyncio
+import functools
 import signal
 import sys
 import threading
@@ -18,7 +19,13 @@ from quickdraft.commands.arguments import add_max_batch_argument, add_model_argu
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
-from quickdraft.server.settings import DEFAULT_MAX_TOKENS, ServerSettings, allowed_hosts_for, is_loopback
+from quickdraft.server.settings import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_READ_TIMEOUT,
+    ServerSettings,
+    allowed_hosts_for,
+    is_loopback,
+)
 
 STREAM_END_MARGIN = 1.0  # seconds before --shutdown-timeout runs out at which unfinished jobs are cancelled
 
@@ -76,6 +83,13 @@ def register(subparsers) -> None:
         help="seconds in-flight requests get to finish on SIGTERM (default 10)",
     )
     parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT,
+        help=f"seconds a client gets to send a whole request, headers and body; slower ones get 408 "
+        f"(default {DEFAULT_READ_TIMEOUT:g})",
+    )
+    parser.add_argument(
         "--log-level",
         default="warning",
         choices=["debug", "info", "warning", "error"],
@@ -88,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn  # imported here: the other commands need neither uvicorn nor FastAPI
 
     from quickdraft.server import create_app, end_jobs
+    from quickdraft.server.protocol import GuardedH11Protocol
 
     settings = server_settings(args)
     warning = exposure_warning(args.host, settings.api_key)
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings)
     config = uvicorn.Config(
         app,
+        http=functools.partial(GuardedH11Protocol, read_timeout=settings.read_timeout),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
@@ -145,6 +161,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.max_tokens,
         allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
+        read_timeout=args.read_timeout,
     )
 
 

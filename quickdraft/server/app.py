@@ -9,6 +9,7 @@ that goes away cancels its job; stopping the app cancels every job and ends the 
 """
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from quickdraft.async_engine import Cancelled, Job, QueueFull
@@ -245,6 +247,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        logging.getLogger("uvicorn.error").warning(f"{client} disconnected before sending its whole request")
+        return Response(status_code=400)  # nobody reads it: the connection is gone
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -81,3 +81,19 @@ def host_not_allowed(host: str) -> APIError:
         "connect as localhost or 127.0.0.1, or start the server with --allowed-hosts NAME",
         code="host_not_allowed",
     )
+
+
+def request_timeout(seconds: float) -> APIError:
+    return APIError(
+        408, f"the request did not arrive whole within {seconds:g} s; send it at once", code="request_timeout"
+    )
+
+
+def headers_too_large(limit: int) -> APIError:
+    return APIError(
+        431, f"the request headers are larger than {limit} bytes; send smaller headers", code="headers_too_large"
+    )
+
+
+def not_http() -> APIError:
+    return APIError(400, "the request is not valid HTTP/1.1", code="invalid_http")

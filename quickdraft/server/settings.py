@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from quickdraft.errors import UsageError
 
 DEFAULT_MAX_TOKENS = 256  # output tokens when a request gives no max_tokens (capped by the context)
+DEFAULT_READ_TIMEOUT = 30.0  # seconds a client gets to send one whole request (server/protocol.py)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")  # the Host names a loopback-bound server answers by default
 
 
@@ -19,6 +20,7 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20  # larger request bodies are answered 413
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     allowed_hosts: tuple[str, ...] | None = None  # Host header names (any port) answered; None: any (see below)
+    read_timeout: float = DEFAULT_READ_TIMEOUT  # a request not whole after this many seconds is answered 408
 
     def __post_init__(self) -> None:
         _require(bool(self.model_name), "the served model name is empty; pass --served-model-name NAME")
@@ -28,6 +30,7 @@ class ServerSettings:
         )
         _require(self.max_queue >= 0, f"max_queue must be >= 0, got {self.max_queue}")
         _require(self.max_body_bytes >= 1024, f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        _require(self.read_timeout > 0, f"--read-timeout must be > 0 seconds, got {self.read_timeout:g}")
         _require(self.default_max_tokens >= 1, f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
 
 
