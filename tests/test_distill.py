@@ -1,7 +1,12 @@
 """`quickdraft distill` end to end on a tiny random target, and its parts: prompts, data, vocabulary, training."""
 
 import json
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -211,6 +216,47 @@ class RunsCode:
 
     def __reduce__(self):
         return (Path.touch, (self.ran,))
+
+
+def test_distill_killed_while_writing_data_resumes_losing_no_shard_and_reading_no_broken_one(tiny_dirs, tmp_path):
+    """SIGKILL a real `quickdraft distill` once its data has shards, leave what a kill in the middle of a write
+    leaves (the next shard half-written, under its temporary name and under its own), then resume."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(
+        "\n".join(f"{i} " + " ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3)) for i in range(768))
+    )
+    out, data = tmp_path / "run", tmp_path / "run" / "data"
+    command = [sys.executable, "-m", "quickdraft", "distill", "--target", str(tiny_dirs["llama"]), "--out", str(out)]
+    command += ["--prompts", str(prompts), "--tokens", "1000000", "--max-new-tokens", "8", "--batch-size", "32"]
+    command += ["--epochs", "1", "--eval-prompts", "1", "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while listed_shards(data) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(30) == -signal.SIGKILL, process.stderr.read().decode()
+    finished = json.loads((data / "manifest.json").read_text())["shards"]
+    assert 2 <= len(finished) < 6, "killed while there were still shards to write"
+    kept = {entry["file"]: (data / entry["file"]).read_bytes() for entry in finished}
+    next_shard = f"shard-{len(finished):05d}.safetensors"
+    (data / f".{next_shard}.partial").write_bytes(kept[finished[0]["file"]][:1000])
+    (data / next_shard).write_bytes(kept[finished[0]["file"]][:1000])
+
+    resumed = subprocess.run([*command, "--resume"], env=env, capture_output=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    shards = json.loads((data / "manifest.json").read_text())["shards"]
+    assert shards[: len(finished)] == finished and len(shards) == 6  # 768 prompts, 128 per shard
+    assert {name: (data / name).read_bytes() for name in kept} == kept
+    assert sum(len(shard.lengths) for shard in load_shards(data)) == 768
+    assert not list(data.glob("*.partial")) and (out / "head.safetensors").exists()
+
+
+def listed_shards(data: Path) -> int:
+    try:
+        return len(json.loads((data / "manifest.json").read_text())["shards"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
 
 
 def test_a_checkpoint_from_someone_else_never_runs_code(tmp_path):
