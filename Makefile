@@ -1,14 +1,14 @@
 # Two entry points: `make demo` (set up, then a streamed speculative generation on the built-in
 # default model with the default drafters, n-gram lookup and the model's shipped draft head under
-# --k auto, compared with the target alone) and `make test` (set up, lint and format check, then the
-# full suite). `make mutants` (deliberate bugs the suite must catch) runs in CI after `make test`.
+# --k auto, compared with the target alone) and `make test` (set up, install Debian's Chromium for the
+# playground's browser tests, lint and format check, then the full suite). `make mutants` (deliberate bugs the suite must catch) runs in CI after `make test`.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 DEMO_PROMPT ?= Rewrite this paragraph in the past tense: Every morning I walk to the market. I buy fresh bread, cheese and fruit. I talk with the baker about the weather and the news. Then I walk home along the river, watch the boats, and cook breakfast for my family.
 
-.PHONY: setup demo lint test mutants clean
+.PHONY: setup browser demo lint test mutants clean
 
 setup: $(INSTALLED)
 
@@ -28,7 +28,10 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+browser:
+	scripts/install_browser.sh
+
+test: lint browser
 	$(BIN)/python -m pytest -q
 
 # Deliberate bugs, one at a time: the tests that guard each promise must fail (docs/testing.md).

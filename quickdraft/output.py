@@ -1,7 +1,8 @@
 """What a request produces: its events (`TextDelta`s, then one `Finished`) and the committed output behind them.
 
 `RequestOutput` appends a step's tokens one by one until EOS, a stop string or the budget ends the
-request, and hands out text only once it can no longer be part of a stop string.
+request, and hands out text only once it can no longer be part of a stop string. Each delta also says
+where its text came from, in `TextSpan`s: a drafter's accepted draft, or the target itself.
 """
 
 from collections.abc import Iterator
@@ -13,6 +14,16 @@ from quickdraft.stats import GenerationStats
 from quickdraft.text import IncrementalDetokenizer, StopMatcher
 
 FinishReason = Literal["stop", "length"]
+TARGET = "target"  # the source of a token the target wrote itself: the first, a recovered or a bonus token
+
+
+@dataclass(frozen=True)
+class TextSpan:
+    """A run of a delta's text whose tokens came from one source."""
+
+    text: str
+    source: str  # the drafter whose accepted draft it is ("ngram", "head", ...), or TARGET
+    tokens: int  # tokens that end inside this run (a token whose text is split across deltas counts once)
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,7 @@ class TextDelta:
     """
 
     text: str
+    spans: tuple[TextSpan, ...] = ()  # `text` by source, in order: their texts joined are `text`
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,9 @@ class RequestOutput:
         self.prompt_ids = prompt_ids
         self.budget = budget  # most tokens this request may generate (max_new_tokens and context)
         self.generated: list[int] = []
+        self._sources: list[str] = []  # per generated token: TARGET or the drafter that proposed it
+        self._text_ends: list[int] = []  # per generated token: the length of the text once it was added
+        self._spanned = 0  # generated tokens already counted in a span
         self.finish_reason: FinishReason | None = None
         self._eos = frozenset() if params.ignore_eos else eos_token_ids
         self._detokenizer = IncrementalDetokenizer(tokenizer)
@@ -74,15 +89,18 @@ class RequestOutput:
     def remaining(self) -> int:
         return self.budget - len(self.generated)
 
-    def commit(self, tokens: tuple[int, ...]) -> None:
-        """Append tokens one by one until EOS, a stop string or the budget ends the request."""
-        for token in tokens:
+    def commit(self, tokens: tuple[int, ...], sources: tuple[str, ...] | None = None) -> None:
+        """Append tokens one by one until EOS, a stop string or the budget ends the request; `sources` names
+        where each came from (default: the target)."""
+        for token, source in zip(tokens, sources or (TARGET,) * len(tokens), strict=True):
             if token in self._eos:
                 self.finish_reason = "stop"
                 return
             self.generated.append(token)
             new_from = len(self._detokenizer.text)
             self._detokenizer.add(token)
+            self._sources.append(source)
+            self._text_ends.append(len(self._detokenizer.text))
             stop_at = self._stop.find(self._detokenizer.text, new_from)
             if stop_at is not None:
                 self._text_end = stop_at
@@ -96,12 +114,32 @@ class RequestOutput:
         return self._detokenizer.text[: self._text_end]
 
     def deltas(self) -> Iterator[TextDelta]:
-        """The step's delta; at the end only if text is left, so every delta precedes `Finished`."""
+        """The step's delta; at the end only if text or uncounted tokens are left, so every delta precedes
+        `Finished`."""
         text = self.visible_text()
         end = len(text) if self.finish_reason else self._stop.safe_length(text)
-        if end > self._streamed or not self.finish_reason:
-            yield TextDelta(text[self._streamed : end])
+        if end > self._streamed or not self.finish_reason or self._spanned < len(self.generated):
+            yield TextDelta(text[self._streamed : end], self._spans(text, self._streamed, end))
             self._streamed = max(end, self._streamed)
+
+    def _spans(self, text: str, start: int, end: int) -> tuple[TextSpan, ...]:
+        """`text[start:end]` cut by the source of each character's token, adjacent runs of one source merged."""
+        runs: list[TextSpan] = []
+        position = start
+        while self._spanned < len(self.generated) and (self._text_ends[self._spanned] <= end or self.finish_reason):
+            token_end = min(self._text_ends[self._spanned], end)
+            runs.append(TextSpan(text[position:token_end], self._sources[self._spanned], 1))
+            position = max(position, token_end)
+            self._spanned += 1
+        if position < end:  # the start of a token whose text is held back in part
+            runs.append(TextSpan(text[position:end], self._sources[self._spanned], 0))
+        merged: list[TextSpan] = []
+        for run in runs:
+            if merged and merged[-1].source == run.source:
+                previous = merged.pop()
+                run = TextSpan(previous.text + run.text, run.source, previous.tokens + run.tokens)
+            merged.append(run)
+        return tuple(merged)
 
     def finished(self, stats: GenerationStats) -> Finished:
         return Finished(self.visible_text(), tuple(self.generated), self.finish_reason, stats)

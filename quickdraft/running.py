@@ -17,7 +17,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.controller import BatchLoad, Controller, Plan
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.models.base import PREFILL_BLOCK, SequenceOutput, SequenceStep
-from quickdraft.output import Event, Failed, RequestOutput
+from quickdraft.output import TARGET, Event, Failed, RequestOutput
 from quickdraft.stats import GenerationStats
 from quickdraft.verify import Verdict, greedy_verify, rejection_sample
 
@@ -116,7 +116,8 @@ class RunningRequest:
         for reader in self.hidden_readers:
             reader.observe_target(out.hidden[: verdict.num_accepted + 1])  # states of the committed positions
         self.stats.record_step(len(decode.draft), verdict.num_accepted, decode.plan.drafter or "none")
-        self.output.commit(verdict.tokens)
+        accepted = (decode.plan.drafter,) * verdict.num_accepted  # proposed by this step's drafter
+        self.output.commit(verdict.tokens, (*accepted, TARGET))
         self.events.extend(self.output.deltas())
         return committed_length + 1 + verdict.num_accepted
 

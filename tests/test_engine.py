@@ -154,3 +154,42 @@ def test_empty_prompt_is_a_usage_error(tiny_models):
     engine = Engine(tiny_models["llama"], SpecConfig(drafter="ngram"))
     with pytest.raises(UsageError, match="prompt is empty"):
         engine.generate("   ")
+
+
+def source_runs(events) -> list[tuple[str, int]]:
+    """The sources of a stream's tokens, run-length encoded: every delta's spans joined, runs of one source merged."""
+    runs: list[tuple[str, int]] = []
+    for span in (span for event in events if isinstance(event, TextDelta) for span in event.spans):
+        if runs and runs[-1][0] == span.source:
+            runs[-1] = (span.source, runs[-1][1] + span.tokens)
+        else:
+            runs.append((span.source, span.tokens))
+    return runs
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_token_streams_with_the_drafter_that_proposed_it(tiny_models, tiny_dirs, prompt):
+    """A draft equal to the target is accepted whole, so the tokens come as: the target's first, then per step k
+    drafted and one written by the target; each delta's spans cover its text exactly."""
+    k, steps = 4, 5
+    engine = engine_with(tiny_models["llama"], tiny_dirs["llama"], drafter_name="self", k=k)
+    events = list(engine.stream(prompt, SamplingParams(max_new_tokens=1 + steps * (k + 1), ignore_eos=True)))
+    assert all("".join(s.text for s in e.spans) == e.text for e in events if isinstance(e, TextDelta))
+    assert source_runs(events) == [("target", 1), *[("self", k), ("target", 1)] * steps]
+
+
+def test_span_counts_match_the_stats_when_drafts_are_rejected_and_text_is_held_back(tiny_models, tiny_dirs):
+    target = tiny_models["llama"]
+    full_text = baseline(target, "The quick brown fox", GREEDY).text
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 3]
+    engine = engine_with(target, tiny_dirs["llama-other"], drafter_name="other", k=4)
+    for params in (GREEDY, replace(GREEDY, stop=(stop,))):
+        events = list(engine.stream("The quick brown fox", params))
+        finished = events[-1]
+        assert "".join(s.text for e in events if isinstance(e, TextDelta) for s in e.spans) == finished.text
+        counts = dict.fromkeys(("target", "other"), 0)
+        for source, tokens in source_runs(events):
+            counts[source] += tokens
+        assert sum(counts.values()) == len(finished.token_ids)
+        if not params.stop:  # a stop string drops the tail of its step; without one every step's tokens count
+            assert counts == {"target": finished.stats.steps + 1, "other": finished.stats.accepted_tokens}

@@ -32,6 +32,7 @@ from quickdraft.server.middleware import (
     BodyLimitMiddleware,
     JsonBodyMiddleware,
 )
+from quickdraft.server.page import add_page_routes
 from quickdraft.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_request
 from quickdraft.server.settings import ServerSettings
 from quickdraft.server.worker import EngineWorker
@@ -74,6 +75,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     _add_error_handlers(app)
     _add_info_routes(app, state)
     _add_generation_routes(app, state)
+    add_page_routes(app)
     return app
 
 
@@ -106,6 +108,20 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     def served_model() -> dict:
         return {"id": state.settings.model_name, "object": "model", "created": state.started, "owned_by": "quickdraft"}
+
+    @app.get("/v1/speculation")  # what the playground's controls may offer
+    async def speculation() -> dict:
+        engine = state.ready_worker().engine
+        return {
+            "model": state.settings.model_name,
+            "drafter": engine.spec.drafter,
+            "k": engine.spec.k,
+            "k_max": engine.spec.k_max,
+            "drafters": list(dict.fromkeys([engine.spec.drafter, "ngram", "none"])),
+            "max_batch": engine.max_batch,
+            "max_tokens": state.settings.default_max_tokens,
+            "max_context": engine.target.info.max_context,
+        }
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -164,7 +180,8 @@ async def _answer(
     header = responses.ResponseHeader.new(form.id_prefix, state.settings.model_name)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = responses.sse_stream(form, header, _job_events(job), spec, include_usage)
+        include_spans = bool(body.quickdraft and body.quickdraft.spans)
+        stream = responses.sse_stream(form, header, _job_events(job), spec, include_usage, include_spans)
         return _JobStreamingResponse(
             stream, worker, job, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )

@@ -12,8 +12,9 @@ import hmac
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quickdraft.server.errors import body_too_large, host_not_allowed, unauthorized, unsupported_media_type
+from quickdraft.server.page import PAGE_FILES
 
-OPEN_PATHS = frozenset({"/health"})  # answered without a key, so load balancers can probe
+OPEN_PATHS = frozenset({"/health", *PAGE_FILES})  # without a key: load balancers probe, the page asks for the key
 
 
 class AllowedHostsMiddleware:

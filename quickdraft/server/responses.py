@@ -3,14 +3,17 @@
 Chat and text completions differ only in their object names and in how a choice carries text
 (`message` / `delta` versus `text`); `ChatFormat` and `TextFormat` hold those differences and
 the functions below build everything else the same way. Every response carries the extra field
-`speculation`: what the drafter proposed and the target kept for this request.
+`speculation`: what the drafter proposed and the target kept for this request. A stream asked for
+spans (`"quickdraft": {"spans": true}`) carries in each text chunk the extra field `spans`: the
+chunk's text cut by where it came from, `[{"text", "source", "tokens"}]`, `source` being the drafter
+whose accepted draft it is or "target".
 """
 
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 
 from quickdraft.config import SpecConfig
@@ -112,8 +115,10 @@ async def sse_stream(
     events: AsyncIterator[TextDelta | Finished],
     spec: SpecConfig,
     include_usage: bool,
+    include_spans: bool = False,
 ) -> AsyncIterator[str]:
-    """`data: {chunk}` lines: role first (chat), text deltas, the finish reason, optional usage, [DONE]."""
+    """`data: {chunk}` lines: role first (chat), text deltas (with their spans when asked), the finish reason,
+    optional usage, [DONE]."""
     chunk = partial(_chunk, form, header, include_usage)
     if form is ChatFormat:
         yield chunk([form.chunk_choice(form.delta("", first=True), None)])
@@ -121,7 +126,8 @@ async def sse_stream(
         async for event in events:
             if isinstance(event, TextDelta):
                 if event.text:
-                    yield chunk([form.chunk_choice(form.delta(event.text, first=False), None)])
+                    extra = {"spans": [asdict(span) for span in event.spans]} if include_spans else {}
+                    yield chunk([form.chunk_choice(form.delta(event.text, first=False), None)], **extra)
             else:
                 stats = speculation(event.stats, spec)
                 yield chunk([form.chunk_choice(form.delta(None, first=False), event.finish_reason)], speculation=stats)

@@ -65,6 +65,7 @@ class QuickdraftOptions(_Strict):
     k: Literal["auto"] | Annotated[int, Field(ge=0, le=64)] | None = (
         None  # "auto" or a fixed N per step; 0 disables drafting
     )
+    spans: bool = False  # stream chunks carry `spans`: their text by source (a drafter, or the target)
 
 
 class GenerationRequest(_Strict):
