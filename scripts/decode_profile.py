@@ -1,0 +1,75 @@
+"""Where one native decode step spends its time: the torch profiler over plain 1-token forwards.
+
+    python scripts/decode_profile.py smollm2-135m-instruct --dtype int8 --threads 2
+
+Reads a 64-token context, then profiles `--steps` 1-token forwards (rolled back after each) and prints the
+operators by self CPU time, the matrix products apart from the rest, per step and per layer. Issue #16's
+overhead work starts from this table (docs/native_runtime.md quotes it).
+"""
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from quickdraft.models.native import native_runner_for
+from quickdraft.models.store import local_model_dir
+
+CONTEXT = list(range(100, 164))
+MATRIX_PRODUCTS = (
+    "aten::_weight_int8pack_mm",
+    "aten::baddbmm",
+    "aten::mm",
+    "aten::addmm",
+    "aten::linear",
+    "aten::bmm",
+    "aten::matmul",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="built-in name or HF directory")
+    parser.add_argument("--dtype", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--top", type=int, default=20, help="operators listed (default 20)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    runner = native_runner_for(local_model_dir(args.model, progress=False), args.dtype)
+    layers = runner.spec.num_layers
+    runner.prefill(CONTEXT)
+
+    def step() -> None:
+        runner.forward([7])
+        runner.rollback(len(CONTEXT))
+
+    for _ in range(10):
+        step()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    wall = (time.perf_counter() - started) / args.steps
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(args.steps):
+            step()
+    rows = [e for e in profiler.key_averages() if e.self_cpu_time_total > 0]
+    rows.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    per_step = lambda us: us / args.steps  # noqa: E731
+    products = sum(e.self_cpu_time_total for e in rows if e.key in MATRIX_PRODUCTS)
+    others = sum(e.self_cpu_time_total for e in rows if e.key not in MATRIX_PRODUCTS)
+    calls = sum(e.count for e in rows if e.key not in MATRIX_PRODUCTS)
+    print(f"{args.model} {args.dtype}, {args.threads} threads, {layers} layers: {wall * 1e3:.2f} ms a step unprofiled")
+    print(f"matrix products {per_step(products) / 1e3:.2f} ms a step; everything else {per_step(others) / 1e3:.2f} ms")
+    print(
+        f"operators that are not matrix products: {calls / args.steps:.0f} a step, {calls / args.steps / layers:.0f}"
+        f" and {per_step(others) / layers:.0f} us a layer"
+    )
+    print(f"{'operator':<36} {'calls/step':>10} {'us/step':>9}")
+    for event in rows[: args.top]:
+        print(f"{event.key:<36} {event.count / args.steps:>10.1f} {per_step(event.self_cpu_time_total):>9.0f}")
+
+
+if __name__ == "__main__":
+    main()
