@@ -105,6 +105,13 @@ MUTANTS = [
         "return int(self.vocab_ids[(logits.argmax() + 1) % len(self.vocab_ids)]), None",
         ("tests/test_head.py", "-k", "vocabulary_map"),
     ),
+    Mutant(
+        "accepted-drafts-credited-to-the-target",
+        "quickdraft/running.py",
+        "accepted = (decode.plan.drafter,) * verdict.num_accepted",
+        "accepted = (TARGET,) * verdict.num_accepted",
+        ("tests/test_engine.py", "-k", "proposed_it or span_counts"),
+    ),
 ]
 
 

@@ -220,7 +220,7 @@ function busy(on) {
 
 async function send() {
   const prompt = $("prompt").value.trim();
-  if (!prompt) return;
+  if (!prompt || $("send").disabled) return; // Ctrl+Enter while an answer streams does nothing
   showError("");
   busy(true);
   const body = requestBody(prompt, chosenSpeculation());
@@ -248,7 +248,7 @@ async function send() {
 
 async function race() {
   const prompt = $("prompt").value.trim();
-  if (!prompt) return;
+  if (!prompt || $("race").disabled) return;
   showError("");
   busy(true);
   $("race-panel").hidden = false;
