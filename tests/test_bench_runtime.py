@@ -1,9 +1,16 @@
 """`quickdraft bench-runtime` end to end on a tiny random model: every field the issue names, with sane values."""
 
 import json
+import stat
+from pathlib import Path
 
+import pytest
+
+from quickdraft.bench.llama_cpp import decode_tokens_per_second
 from quickdraft.bench.runtime import VERIFY_KS
 from quickdraft.cli import main
+from quickdraft.errors import UsageError
+from quickdraft.models.store import gguf_source
 from tests.test_bench import PROMPTS, write_jsonl
 
 
@@ -38,6 +45,14 @@ def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_pat
     assert [int(k) for k in summary["verify_cost"]] == list(VERIFY_KS)
     assert all(v > 0 for v in summary["verify_cost"].values())
     assert all(r["matmul_ceiling_tokens_per_second"] > 0 for r in summary["native_by_dtype"].values())
+    assert summary["read_bandwidth_gb_per_second"] > 0
+    by_dtype = summary["native_by_dtype"]
+    assert by_dtype["float32"]["weight_bytes_per_token"] > 3 * by_dtype["int8"]["weight_bytes_per_token"]
+    for r in by_dtype.values():
+        ceiling = summary["read_bandwidth_gb_per_second"] * 1e9 / r["weight_bytes_per_token"]
+        assert r["bandwidth_ceiling_tokens_per_second"] == pytest.approx(ceiling)
+        assert r["of_bandwidth_ceiling"] == pytest.approx(r["tokens_per_second"] / ceiling)
+    assert "llama_cpp" not in summary
     ngram = summary["ngram_dev"]
     assert ngram["prompts"] == 2 and ngram["max_new_tokens"] == 12  # two categories, one prompt each
     assert set(ngram["tokens_per_second"]) == {"hf float32", "native float32", f"native {summary['default_dtype']}"}
@@ -56,3 +71,56 @@ def test_a_missing_dev_prompt_file_is_a_usage_error_before_loading_anything(tmp_
     code = main(["bench-runtime", "--models", "smollm2-135m-instruct", "--prompts", str(tmp_path / "none.jsonl")])
     assert code == 2
     assert "cannot read dataset" in capsys.readouterr().err
+
+
+def fake_llama_bench(bin_dir: Path, script: str) -> Path:
+    """A stand-in `llama-bench` (the real one is a peer build the tests must not need) that logs its arguments."""
+    bin_dir.mkdir()
+    binary = bin_dir / "llama-bench"
+    binary.write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/args\n{script}\n')
+    binary.chmod(binary.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def test_llama_cpp_decode_runs_llama_bench_generation_only_and_takes_the_median(tmp_path):
+    output = '[{"samples_ts": [140.0, 150.0, 160.0, 10.0, 155.0], "avg_ts": 123.0}]'
+    bin_dir = fake_llama_bench(tmp_path / "bin", f"echo '{output}'")
+    assert decode_tokens_per_second(bin_dir, tmp_path / "m.gguf", threads=2, tokens=64, repeats=5) == 150.0
+    args = (bin_dir / "args").read_text().split()
+    assert args == [
+        "-m",
+        str(tmp_path / "m.gguf"),
+        "-p",
+        "0",
+        "-n",
+        "64",
+        "-r",
+        "5",
+        "-t",
+        "2",
+        "-fa",
+        "0",
+        "-o",
+        "json",
+    ]
+
+
+def test_a_failing_or_missing_llama_bench_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no llama-bench in"):
+        decode_tokens_per_second(tmp_path, tmp_path / "m.gguf", 2, 64, 5)
+    bin_dir = fake_llama_bench(tmp_path / "bin", "echo 'error: failed to load model' >&2; exit 1")
+    with pytest.raises(UsageError, match="exit 1.*failed to load model"):
+        decode_tokens_per_second(bin_dir, tmp_path / "m.gguf", 2, 64, 5)
+
+
+def test_the_gguf_source_of_a_model_is_its_file_or_none(tmp_path, tiny_dirs, monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    local = tmp_path / "model.gguf"
+    local.write_bytes(b"GGUF")
+    assert gguf_source(str(local)) == local
+    assert gguf_source(str(tiny_dirs["llama"])) is None
+    assert gguf_source("smollm2-135m-instruct") is None  # not fetched into this cache
+    fetched = tmp_path / "cache" / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    fetched.parent.mkdir(parents=True)
+    fetched.write_bytes(b"GGUF")
+    assert gguf_source("smollm2-135m-instruct") == fetched

@@ -8,7 +8,11 @@ alike), it measures
 for the transformers float32 runner (`HFRunner`: DynamicCache, crop to roll back), native
 float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
 For each native dtype it also times the model's matrix products alone, once each on one row, as a
-native decode step would: the ceiling on tokens/s that removing all other work could reach.
+native decode step would: the ceiling on tokens/s that removing all other work could reach. And it
+measures the machine's read bandwidth (`torch.sum` over a 256 MiB tensor), so each dtype's bytes of
+weights read per token give a second ceiling, bandwidth / bytes, and the share of it reached. Given a
+llama.cpp build (`llama_cpp`) and a model that comes from a GGUF file, llama.cpp's own decode speed on
+that file is measured in the same run, after ours.
 
 With dev prompts it also answers "is speculative decoding with the n-gram drafter faster than
 before the native runtime?": the engine with `ngram` and k auto generates greedily from the same
@@ -18,6 +22,7 @@ tokens / wall time (prefill included), median over repeats.
 
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.bench import llama_cpp as llama_cpp_bench
 from quickdraft.bench.dataset import Prompt
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.costs import time_forwards
@@ -32,13 +38,14 @@ from quickdraft.engine import Engine
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
-from quickdraft.models.store import local_model_dir
+from quickdraft.models.store import gguf_source, local_model_dir
 
 DECODE_PROMPT = 16  # prompt tokens before the decode run
 DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
 VERIFY_CONTEXT = 512  # cached tokens under each v(k) forward
 VERIFY_KS = tuple(range(1, 9))
 VERIFY_INNER = 5  # interleaved rounds of forwards per repeat; their median is that repeat's time
+BANDWIDTH_BYTES = 256 << 20  # the tensor summed to measure read bandwidth (far beyond any cache)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class RuntimeResult:
     tokens_per_second: float  # greedy decode
     verify_cost: dict[int, float]  # k -> v(k)
     matmul_ceiling: float | None  # tokens/s of a step doing only its matrix products (native runners)
+    weight_bytes: int | None  # bytes of matrix weights a decode step reads (native runners)
 
 
 def _decode_seconds(runner, prompt: Sequence[int]) -> float:
@@ -69,6 +77,24 @@ def _matmul_seconds(runner: ModelRunner) -> float:
     return time.perf_counter() - begin
 
 
+def weight_bytes(runner: ModelRunner) -> int:
+    """Bytes of weights (and their scales and biases) the matrix products of one decode step read."""
+    tensors = (t for linear in runner.linear_layers() for t in (linear.weight, linear.scales, linear.bias))
+    return sum(t.nbytes for t in tensors if t is not None)
+
+
+def read_bandwidth(repeats: int = 5) -> float:
+    """Bytes per second `torch.sum` reads from a tensor far larger than the caches (median of `repeats`)."""
+    data = torch.ones(BANDWIDTH_BYTES // 4)
+    data.sum()
+    seconds = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        data.sum()
+        seconds.append(time.perf_counter() - begin)
+    return BANDWIDTH_BYTES / statistics.median(seconds)
+
+
 def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], float | None]:
     """Decode seconds, forward seconds per new-token count 1..9, and matmul-only seconds for one repeat."""
     decode = _decode_seconds(runner, tokens[:DECODE_PROMPT])
@@ -87,7 +113,7 @@ def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[
     for _ in range(repeats):
         for name, runner in runners.items():
             samples[name].append(_one_repeat(runner, tokens))
-    return {name: _summarise(runs) for name, runs in samples.items()}
+    return {name: _summarise(runs, runners[name]) for name, runs in samples.items()}
 
 
 @dataclass(frozen=True)
@@ -144,23 +170,29 @@ def bench_ngram(
     )
 
 
-def _summarise(runs: list[tuple[float, dict[int, float], float | None]]) -> RuntimeResult:
+def _summarise(runs: list[tuple[float, dict[int, float], float | None]], runner: ModelRunner) -> RuntimeResult:
     tokens_per_second = statistics.median(DECODE_STEPS / decode for decode, _, _ in runs)
     one = statistics.median(forward[1] for _, forward, _ in runs)
     verify = {k: statistics.median(forward[k + 1] for _, forward, _ in runs) / one for k in VERIFY_KS}
     matmuls = [seconds for _, _, seconds in runs if seconds is not None]
     ceiling = statistics.median(DECODE_STEPS / seconds for seconds in matmuls) if matmuls else None
-    return RuntimeResult(tokens_per_second, verify, ceiling)
+    return RuntimeResult(tokens_per_second, verify, ceiling, weight_bytes(runner) if runner.linear_layers() else None)
 
 
 def summary_object(
-    model: str, results: dict[str, RuntimeResult], default_dtype: str, ngram: NgramResult | None = None
+    model: str,
+    results: dict[str, RuntimeResult],
+    default_dtype: str,
+    bandwidth: float,
+    ngram: NgramResult | None = None,
+    llama_cpp: dict | None = None,
 ) -> dict:
     """The --json object of one model."""
     native = {name.removeprefix("native_"): r for name, r in results.items() if name != "hf"}
     summary = {
         "model": model,
         "threads": torch.get_num_threads(),
+        "read_bandwidth_gb_per_second": bandwidth / 1e9,
         "default_dtype": default_dtype,
         "hf_tokens_per_second": results["hf"].tokens_per_second,
         "native_fp32_tokens_per_second": native["float32"].tokens_per_second,
@@ -172,10 +204,15 @@ def summary_object(
                 "tokens_per_second": r.tokens_per_second,
                 "verify_cost": r.verify_cost,
                 "matmul_ceiling_tokens_per_second": r.matmul_ceiling,
+                "weight_bytes_per_token": r.weight_bytes,
+                "bandwidth_ceiling_tokens_per_second": bandwidth / r.weight_bytes,
+                "of_bandwidth_ceiling": r.tokens_per_second * r.weight_bytes / bandwidth,
             }
             for d, r in native.items()
         },
     }
+    if llama_cpp is not None:
+        summary["llama_cpp"] = llama_cpp
     if ngram is not None:
         summary["ngram_dev"] = {
             "prompts": ngram.prompts,
@@ -190,18 +227,27 @@ def format_table(summary: dict) -> str:
     """Human-readable table of one model's summary."""
     hf = summary["hf_tokens_per_second"]
     lines = [
-        f"{summary['model']}  ({summary['threads']} threads, batch 1, medians)",
-        f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}   v(1..8) at {VERIFY_CONTEXT} ctx",
+        f"{summary['model']}  ({summary['threads']} threads, batch 1, medians; "
+        f"read bandwidth {summary['read_bandwidth_gb_per_second']:.1f} GB/s)",
+        f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}{'MB/token':>10}{'bw ceiling':>12}{'of it':>7}"
+        f"   v(1..8) at {VERIFY_CONTEXT} ctx",
     ]
-    rows = [("hf float32", hf, None, summary["hf_verify_cost"])]
-    rows += [
-        (f"native {d}", r["tokens_per_second"], r["matmul_ceiling_tokens_per_second"], r["verify_cost"])
-        for d, r in summary["native_by_dtype"].items()
-    ]
-    for label, tps, ceiling, verify in rows:
-        curve = " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
-        ceiling_text = "" if ceiling is None else f"{ceiling:.1f}"
-        lines.append(f"  {label:<18}{tps:>8.1f}{tps / hf:>7.2f}x{ceiling_text:>14}   {curve}")
+    lines.append(f"  {'hf float32':<18}{hf:>8.1f}{1:>7.2f}x{'':>43}   {_curve(summary['hf_verify_cost'])}")
+    for dtype, r in summary["native_by_dtype"].items():
+        tps = r["tokens_per_second"]
+        lines.append(
+            f"  {'native ' + dtype:<18}{tps:>8.1f}{tps / hf:>7.2f}x{r['matmul_ceiling_tokens_per_second']:>14.1f}"
+            f"{r['weight_bytes_per_token'] / 1e6:>10.0f}{r['bandwidth_ceiling_tokens_per_second']:>12.1f}"
+            f"{r['of_bandwidth_ceiling']:>7.0%}   {_curve(r['verify_cost'])}"
+        )
+    if "llama_cpp" in summary:
+        peer = summary["llama_cpp"]
+        native = summary["native_tokens_per_second"]
+        lines.append(
+            f"  {'llama.cpp':<18}{peer['tokens_per_second']:>8.1f}{peer['tokens_per_second'] / hf:>7.2f}x"
+            f"   (llama-bench on {Path(peer['gguf']).name}, after ours; native default "
+            f"{native / peer['tokens_per_second']:.2f}x of it)"
+        )
     lines.append(f"  default native dtype: {summary['default_dtype']}")
     if "ngram_dev" in summary:
         ngram = summary["ngram_dev"]
@@ -214,6 +260,10 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _curve(verify: dict[int, float]) -> str:
+    return " ".join(f"{verify[k]:.2f}" for k in VERIFY_KS)
+
+
 def run_runtime_bench(
     models: Sequence[str],
     repeats: int = 5,
@@ -221,6 +271,7 @@ def run_runtime_bench(
     native_dtypes: Sequence[str] = (),
     dev_prompts: Sequence[Prompt] = (),
     max_new_tokens: int = 64,
+    llama_cpp: Path | None = None,
 ) -> list[dict]:
     """Benchmark each model (and n-gram speculation on `dev_prompts` when given); print a table (or one
     JSON object per line) and return the summaries."""
@@ -229,8 +280,20 @@ def run_runtime_bench(
     for model in models:
         path = local_model_dir(model, progress=False)
         results = bench_model(path, repeats, dtypes)
+        bandwidth = read_bandwidth()
         ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
-        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE, ngram)
+        peer = _llama_cpp_decode(llama_cpp, model, repeats) if llama_cpp is not None else None
+        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE, bandwidth, ngram, peer)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
     return summaries
+
+
+def _llama_cpp_decode(bin_dir: Path, model: str, repeats: int) -> dict | None:
+    """llama.cpp's decode tokens/s on the model's GGUF file (None, said on stderr, when it has none)."""
+    gguf = gguf_source(model)
+    if gguf is None:
+        print(f"bench-runtime: {model} does not come from a GGUF file here; llama.cpp not measured", file=sys.stderr)
+        return None
+    speed = llama_cpp_bench.decode_tokens_per_second(bin_dir, gguf, torch.get_num_threads(), DECODE_STEPS, repeats)
+    return {"gguf": str(gguf), "tokens_per_second": speed}

@@ -1,6 +1,7 @@
 """`bench-runtime`: decode tokens/s and v(k) of the transformers and native runners."""
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -39,6 +40,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         "--per-category", type=int, default=1, help="dev prompts per category, in file order (default 1)"
     )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per dev prompt (default 64)")
+    parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="BIN_DIR",
+        help="a llama.cpp build's bin/ folder: also time its llama-bench decode on each model's GGUF file",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     parser.set_defaults(func=run)
     return parser
@@ -50,5 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category) if args.prompts else []
-    run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens)
+    if args.llama_cpp is not None and not (args.llama_cpp / "llama-bench").is_file():
+        raise UsageError(f"no llama-bench in {args.llama_cpp}; pass the bin/ folder of a llama.cpp build")
+    run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens, args.llama_cpp)
     return 0

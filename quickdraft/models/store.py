@@ -80,6 +80,17 @@ def local_model_dir(name_or_path: str, *, progress: bool = True) -> Path:
     )
 
 
+def gguf_source(name_or_path: str) -> Path | None:
+    """The GGUF file a model comes from, when there is one on this machine: a built-in model's fetched file,
+    or a local `.gguf` path itself; None for Hugging Face directories and hub ids."""
+    model = BUILTIN_MODELS.get(name_or_path)
+    if model is not None:
+        path = cache_dir() / "gguf" / model.gguf_filename
+        return path if path.is_file() else None
+    path = Path(name_or_path).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def fetch_builtin(name: str, force: bool = False, progress: bool = True) -> Path:
     """Fetch, verify and convert the built-in model `name` unless already done; return its directory.
 
