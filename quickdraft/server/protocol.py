@@ -25,8 +25,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from quickdraft.server.errors import APIError, headers_too_large, not_http, request_timeout
+from quickdraft.server.settings import DEFAULT_READ_TIMEOUT
 
-DEFAULT_READ_TIMEOUT = 30.0  # seconds a client gets to send one whole request
 LINGER_SECONDS = 2.0  # how long a refused connection keeps reading what the client still sends
 READING = (h11.IDLE, h11.SEND_BODY)  # the client's states while its request is still arriving
 
