@@ -16,11 +16,16 @@ from quickdraft.errors import UsageError
 BENCH_TIMEOUT_SECONDS = 600
 
 
-def decode_tokens_per_second(bin_dir: Path, gguf: Path, threads: int, tokens: int, repeats: int) -> float:
+def llama_bench(bin_dir: Path) -> Path:
+    """The `llama-bench` binary of a llama.cpp build's bin/ folder (a UsageError when it has none)."""
     binary = Path(bin_dir) / "llama-bench"
     if not binary.is_file():
         raise UsageError(f"no llama-bench in {bin_dir}; pass the bin/ folder of a llama.cpp build to --llama-cpp")
-    command = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-r", str(repeats)]
+    return binary
+
+
+def decode_tokens_per_second(bin_dir: Path, gguf: Path, threads: int, tokens: int, repeats: int) -> float:
+    command = [str(llama_bench(bin_dir)), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-r", str(repeats)]
     command += ["-t", str(threads), "-fa", "0", "-o", "json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=BENCH_TIMEOUT_SECONDS)
     if done.returncode != 0:

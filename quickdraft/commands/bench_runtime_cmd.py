@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.dataset import load_prompts, select_prompts
+from quickdraft.bench.llama_cpp import llama_bench
 from quickdraft.bench.runtime import run_runtime_bench
 from quickdraft.commands.arguments import add_prompts_argument, comma_list
 from quickdraft.errors import UsageError
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category) if args.prompts else []
-    if args.llama_cpp is not None and not (args.llama_cpp / "llama-bench").is_file():
-        raise UsageError(f"no llama-bench in {args.llama_cpp}; pass the bin/ folder of a llama.cpp build")
+    if args.llama_cpp is not None:
+        llama_bench(args.llama_cpp)  # checked before any model loads
     run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens, args.llama_cpp)
     return 0
