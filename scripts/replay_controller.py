@@ -38,14 +38,10 @@ def main() -> None:
         "--model", default="smollm2-135m-instruct", help="the run's --model (its tokenizer renders the prompts)"
     )
     args = parser.parse_args()
-    raw = json.loads((args.run / "adaptive-raw.json").read_text())
+    trials = json.loads((args.run / "adaptive-raw.json").read_text())["quality"]  # the quality case's trial records
     quality = json.loads((args.run / "adaptive.json").read_text())["results"]["quality"]
     v = quality["costs"]["end"]["v"]  # [k_max + 1]
-    outputs = {
-        m["prompt"]: m["token_ids"]
-        for m in raw
-        if m["case"] == "quality" and m["setting"] == "target" and m["round"] == 0
-    }
+    outputs = {t["prompt"]: t["token_ids"] for t in trials if t["method"] == "target" and t["repeat"] == 0}
     tokenizer = AutoTokenizer.from_pretrained(local_model_dir(args.model))
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category)
     chat = bool(tokenizer.chat_template)  # as bench-adaptive: a base model without a template sees plain text

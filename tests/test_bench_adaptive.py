@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from PIL import Image
 
-from quickdraft.bench.adaptive import Measurement, load_raw, same_work_timing
+from quickdraft.bench.adaptive import load_raw, same_work_timing
 from quickdraft.bench.adaptive_report import fixed_drafter, fixed_labels
 from quickdraft.bench.replay import replay
 from quickdraft.cli import main
@@ -14,6 +14,7 @@ from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.controller import ControllerMemory
 from quickdraft.costs import TargetCost
 from quickdraft.engine import Engine
+from quickdraft.measure import Generation, Trial
 from quickdraft.models.loading import load_model_dir
 from tests.test_bench import PROMPTS, write_jsonl
 
@@ -64,10 +65,13 @@ def test_both_cases_measure_every_setting_with_outputs_identical_to_the_target(
     assert "random-draft" in results["safety"]["costs"]["end"]["draft_per_token_vs_t1"]
     assert list((tmp_path / "cache" / "bench").iterdir()), "the random draft is built in the quickdraft cache"
     raw = load_raw(out / "adaptive-raw.json")
-    assert len(raw) == len(settings) * (2 + 2)  # safety: 2 prompts, quality: one per category
+    assert {case: len(trials) for case, trials in raw.items()} == {
+        "safety": len(settings) * 2,  # 2 prompts
+        "quality": len(settings) * 2,  # one per category
+    }
     same = results["quality"]["same_work"]
     assert same["reference"] in {f"k={k}" for k in KS} and same["of"] == 2 and 0 <= same["generations"] <= 2
-    assert same == same_work_timing([m for m in raw if m.case == "quality"], same["reference"])
+    assert same == same_work_timing(raw["quality"], same["reference"])
     report = (out / "adaptive.md").read_text()
     assert (
         "### Safety" in report
@@ -112,11 +116,12 @@ def test_quality_with_several_drafters_runs_each_alone_at_every_k_and_auto_over_
     fixed = [f"{drafter} k={k}" for drafter in (draft, "ngram") for k in KS]
     assert fixed_labels(quality["speeds"]["overall"]) == fixed
     assert quality["drafters"] == ["ngram", draft] and quality["mismatches"] == []
-    auto_steps = {name for m in load_raw(out / "adaptive-raw.json") if m.setting == "auto" for name in m.drafter_steps}
+    trials = load_raw(out / "adaptive-raw.json")["quality"]
+    auto_steps = {name for t in trials if t.method == "auto" for name in t.generation.drafter_steps}
     assert auto_steps <= {"none", "ngram", draft}
-    for m in load_raw(out / "adaptive-raw.json"):
-        if m.setting in fixed:
-            assert set(m.drafter_steps) <= {"none", fixed_drafter(m.setting)}, (
+    for t in trials:
+        if t.method in fixed:
+            assert set(t.generation.drafter_steps) <= {"none", fixed_drafter(t.method)}, (
                 "a fixed setting drafts with its one drafter"
             )
     assert f"### Quality: ngram, {draft} on the dev prompts" in (out / "adaptive.md").read_text()
@@ -125,7 +130,20 @@ def test_quality_with_several_drafters_runs_each_alone_at_every_k_and_auto_over_
 
 def test_same_work_timing_compares_only_generations_with_identical_steps():
     def run(setting, prompt, k_per_step, seconds):
-        return Measurement("quality", "writing", prompt, 0, setting, 10, seconds, seconds, [], k_per_step, {})
+        generation = Generation(
+            token_ids=(0,) * 10,
+            finish_reason="length",
+            wall_seconds=seconds,
+            cpu_seconds=seconds,
+            time_to_first_token=0.0,
+            target_forwards=len(k_per_step) + 1,
+            steps=len(k_per_step),
+            draft_tokens=sum(k_per_step),
+            accepted_tokens=0,
+            verify_seconds=seconds,
+            k_per_step=tuple(k_per_step),
+        )
+        return Trial(0, prompt, "writing", setting, 0, generation)
 
     runs = [
         run("k=3", 0, [3, 3], 1.0),
@@ -143,7 +161,7 @@ def test_same_work_timing_compares_only_generations_with_identical_steps():
     }
     assert same_work_timing(runs, "k=1") == {"reference": "k=1", "generations": 0, "of": 2}
     empty = [run("k=3", 2, [], 0.01), run("auto", 2, [], 0.01)]
-    empty = [replace(m, tokens=0) for m in empty]  # the prompt was answered with end-of-sequence at once
+    empty = [replace(t, generation=replace(t.generation, token_ids=())) for t in empty]  # answered with EOS at once
     assert same_work_timing(runs + empty, "k=3") == same_work_timing(runs, "k=3")
 
 

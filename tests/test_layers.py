@@ -1,9 +1,10 @@
 """The package's import structure runs downward: each module imports only layers below its own.
 
 Layers, from the bottom: plain values and errors; configuration and text; models, sampling and a
-request's output; drafters; costs; the controller; a running request; the engine; the tools built on
-the engine (bench, distill, server, each on its own); the commands; the CLI. Modules of one package
-may import each other. An import running back up (say the head drafter reaching into the training code) fails here.
+request's output; drafters; costs; the controller; a running request; the engine; the engine's
+asyncio wrapper and the measurement toolkit; the tools built on the engine (bench, distill, server,
+each on its own); the commands; the CLI. Modules of one package may import each other. An import
+running back up (say the head drafter reaching into the training code) fails here.
 """
 
 import ast
@@ -20,7 +21,7 @@ LAYERS = [
     ("quickdraft.controller",),
     ("quickdraft.running",),
     ("quickdraft.engine",),
-    ("quickdraft.async_engine",),
+    ("quickdraft.async_engine", "quickdraft.measure"),
     ("quickdraft.bench", "quickdraft.distill", "quickdraft.server"),
     ("quickdraft.commands",),
     ("quickdraft.cli",),

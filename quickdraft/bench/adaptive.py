@@ -1,7 +1,7 @@
 """`quickdraft bench-adaptive`: k="auto" against the target alone and every fixed k, side by side.
 
-Two cases. In each, every prompt is generated with every setting in turn, greedy, in one process;
-the order of the settings rotates from prompt to prompt so drifting machine load hits all alike.
+Two cases. In each, every prompt is generated with every setting, greedy, in one process, interleaved
+(`measure.interleave`: the order of the settings rotates from prompt to prompt and round to round).
 
 - safety: a drafter that cannot help, a random-weight draft model built from the target's own
   config (fewer layers) and tokenizer. Goal: auto >= 0.95x the target alone, where a fixed k = 4
@@ -23,8 +23,7 @@ the same tokens as the target alone; the report says so or lists the generations
 import json
 import shutil
 import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ from quickdraft.bench.dataset import Prompt
 from quickdraft.config import DType, Runtime, SamplingParams, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import Engine
+from quickdraft.measure import Generation, Trial, interleave, measure
 from quickdraft.models.loading import LoadedModel, load_model_dir
 
 TARGET = "target"
@@ -52,23 +52,6 @@ TOKENIZER_FILES = (
 class Setting:
     label: str  # "target", "k=4" (or "ngram k=4" when several drafters are compared), "auto"
     spec: SpecConfig
-
-
-@dataclass
-class Measurement:
-    """One generation of one prompt with one setting."""
-
-    case: str
-    category: str
-    prompt: int  # index in the case's prompt list
-    round: int
-    setting: str
-    tokens: int
-    seconds: float  # wall time
-    cpu_seconds: float  # CPU time of the process
-    token_ids: list[int]
-    k_per_step: list[int]
-    drafter_steps: dict[str, int]
 
 
 def settings(drafters: list[str], ks: list[int], k_max: int) -> list[Setting]:
@@ -113,52 +96,26 @@ def run_case(
     max_new_tokens: int,
     repeats: int = 1,
     log=print,
-) -> list[Measurement]:
-    """Every prompt with every setting, `repeats` rounds, the order rotating by one setting per prompt and round."""
+) -> list[Trial]:
+    """Every prompt with every setting, `repeats` rounds, interleaved (`measure.interleave`)."""
     chat = bool(engine.target.tokenizer.chat_template)  # a base model without a template sees plain text
     prompt_ids = [engine.encode(p.first_turn, chat=chat) for p in prompts]
     _warm_up(engine, prompt_ids[0], settings_)
-    measurements = []
-    for round_ in range(repeats):
-        for index, (prompt, ids) in enumerate(zip(prompts, prompt_ids)):
-            shift = (index + round_) % len(settings_)
-            for setting in settings_[shift:] + settings_[:shift]:
-                measurement = _measure(engine, case, prompt, index, round_, setting, ids, max_new_tokens)
-                measurements.append(measurement)
-                speed = measurement.tokens / measurement.seconds
-                log(
-                    f"{case} r{round_ + 1} {index + 1}/{len(prompts)} {prompt.category:<14} "
-                    f"{setting.label:<7} {speed:6.2f} tok/s"
-                )
-    return measurements
+    specs = {setting.label: setting.spec for setting in settings_}
+    params = SamplingParams(max_new_tokens=max_new_tokens)
 
+    def report(trial: Trial) -> None:
+        log(
+            f"{case} r{trial.repeat + 1} {trial.prompt + 1}/{len(prompts)} {trial.category:<14} "
+            f"{trial.method:<7} {trial.generation.tokens_per_second:6.2f} tok/s"
+        )
 
-def _measure(
-    engine: Engine,
-    case: str,
-    prompt: Prompt,
-    index: int,
-    round_: int,
-    setting: Setting,
-    ids: list[int],
-    max_new_tokens: int,
-) -> Measurement:
-    cpu_started = time.process_time()
-    result = engine.generate(ids, SamplingParams(max_new_tokens=max_new_tokens), spec=setting.spec)
-    cpu_seconds = time.process_time() - cpu_started
-    stats = result.stats
-    return Measurement(
-        case,
-        prompt.category,
-        index,
-        round_,
-        setting.label,
-        stats.generated_tokens,
-        stats.total_seconds,
-        cpu_seconds,
-        list(result.token_ids),
-        stats.k_per_step,
-        stats.drafter_steps,
+    return interleave(
+        list(specs),
+        [p.category for p in prompts],
+        repeats,
+        lambda label, index, _: measure(engine, prompt_ids[index], params, specs[label]),
+        on_trial=report,
     )
 
 
@@ -169,20 +126,20 @@ def _warm_up(engine: Engine, prompt_ids: list[int], settings_: list[Setting]) ->
     engine.calibrate(settings_[-1].spec).acceptance.clear()
 
 
-def speeds(measurements: list[Measurement], clock: str = "wall") -> dict[str, dict[str, float]]:
+def speeds(trials: list[Trial], clock: str = "wall") -> dict[str, dict[str, float]]:
     """Tokens per second by category (and "overall") and setting: summed tokens / summed median seconds.
 
     clock: "wall" or "cpu".
     """
-    rounds: dict[tuple[str, int, str], list[Measurement]] = {}
-    for m in measurements:
-        rounds.setdefault((m.category, m.prompt, m.setting), []).append(m)
+    rounds: dict[tuple[str, int, str], list[Generation]] = {}
+    for t in trials:
+        rounds.setdefault((t.category, t.prompt, t.method), []).append(t.generation)
     totals: dict[tuple[str, str], list[float]] = {}
     for (category, _, setting), runs in rounds.items():
-        seconds = statistics.median(m.seconds if clock == "wall" else m.cpu_seconds for m in runs)
+        seconds = statistics.median(g.wall_seconds if clock == "wall" else g.cpu_seconds for g in runs)
         for group in (category, "overall"):
             tokens_seconds = totals.setdefault((group, setting), [0.0, 0.0])
-            tokens_seconds[0] += runs[0].tokens
+            tokens_seconds[0] += runs[0].new_tokens
             tokens_seconds[1] += seconds
     result: dict[str, dict[str, float]] = {}
     for (group, setting), (tokens, seconds) in totals.items():
@@ -190,21 +147,19 @@ def speeds(measurements: list[Measurement], clock: str = "wall") -> dict[str, di
     return result
 
 
-def mismatches(measurements: list[Measurement]) -> list[str]:
+def mismatches(trials: list[Trial]) -> list[str]:
     """'category #prompt setting' for each generation whose tokens differ from the target alone's."""
-    expected = {(m.case, m.prompt, m.round): m.token_ids for m in measurements if m.setting == TARGET}
+    expected = {(t.prompt, t.repeat): t.generation.token_ids for t in trials if t.method == TARGET}
     return [
-        f"{m.category} #{m.prompt} {m.setting}"
-        for m in measurements
-        if m.token_ids != expected[m.case, m.prompt, m.round]
+        f"{t.category} #{t.prompt} {t.method}" for t in trials if t.generation.token_ids != expected[t.prompt, t.repeat]
     ]
 
 
-def adaptation(measurements: list[Measurement]) -> dict[str, float]:
+def adaptation(trials: list[Trial]) -> dict[str, float]:
     """How auto behaved: drafting steps before its first plain step in its first (cold) request, and overall shares."""
-    runs = [m for m in measurements if m.setting == AUTO]
-    first = runs[0].k_per_step
-    steps = [k for m in runs for k in m.k_per_step]
+    runs = [t.generation for t in trials if t.method == AUTO]
+    first = list(runs[0].k_per_step)
+    steps = [k for g in runs for k in g.k_per_step]
     return {
         "cold_steps_before_first_plain_step": first.index(0) if 0 in first else len(first),
         "cold_drafting_steps": sum(k > 0 for k in first),
@@ -226,25 +181,27 @@ def cost_profile(engine: Engine, spec: SpecConfig) -> dict:
     }
 
 
-def same_work_timing(measurements: list[Measurement], reference: str) -> dict:
+def same_work_timing(trials: list[Trial], reference: str) -> dict:
     """Timing noise, measured: auto's generations that chose exactly `reference`'s k at every step (same
     prompt and round), so both did the same work, and auto's tokens/s on them relative to `reference`'s.
     A prompt answered with end-of-sequence at once (no new tokens) has no speed to compare and is skipped."""
-    runs = {(m.case, m.prompt, m.round, m.setting): m for m in measurements}
-    autos = [m for m in measurements if m.setting == AUTO and m.tokens > 0]
+    runs = {(t.prompt, t.repeat, t.method): t.generation for t in trials}
+    autos = [t for t in trials if t.method == AUTO and t.generation.new_tokens > 0]
     ratios = [
-        (m.tokens / m.seconds) / (other.tokens / other.seconds)
-        for m in autos
-        if (other := runs.get((m.case, m.prompt, m.round, reference))) is not None and m.k_per_step == other.k_per_step
+        t.generation.tokens_per_second / other.tokens_per_second
+        for t in autos
+        if (other := runs.get((t.prompt, t.repeat, reference))) is not None
+        and t.generation.k_per_step == other.k_per_step
     ]
     spread = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else {}
     return {"reference": reference, "generations": len(ratios), "of": len(autos), **spread}
 
 
-def save_raw(measurements: list[Measurement], path: Path) -> None:
-    path.write_text(json.dumps([asdict(m) for m in measurements]))
+def save_raw(trials: dict[str, list[Trial]], path: Path) -> None:
+    """Every case's trials, {case: [trial records]}."""
+    path.write_text(json.dumps({case: [t.to_dict() for t in case_trials] for case, case_trials in trials.items()}))
 
 
-def load_raw(path: Path) -> list[Measurement]:
-    """Measurements written by `save_raw`."""
-    return [Measurement(**record) for record in json.loads(Path(path).read_text())]
+def load_raw(path: Path) -> dict[str, list[Trial]]:
+    """The trials `save_raw` wrote, by case."""
+    return {case: [Trial.from_dict(r) for r in records] for case, records in json.loads(Path(path).read_text()).items()}

@@ -1,4 +1,4 @@
-"""The methods a benchmark compares, each behind one interface: `run(prompt_ids, params) -> Measurement`.
+"""The methods a benchmark compares, each behind one interface: `run(prompt_ids, params) -> Generation`.
 
 `QuickdraftMethod` runs the engine with a drafter and k (both passed through untouched, so new
 drafters and k="auto" work as they land). `HFGenerate` runs transformers' own `generate` on the
@@ -7,7 +7,6 @@ Wall time is the whole generation call, prefill included, for every method.
 """
 
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -17,62 +16,13 @@ from transformers.generation.streamers import BaseStreamer
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
-from quickdraft.stats import acceptance_rate, tau
+from quickdraft.measure import Generation, measure
 
 Family = Literal["quickdraft", "transformers"]
 HFMode = Literal["greedy", "lookup", "assistant"]
 
 AUTO = "auto"
 JOINER = "+"  # bench drafters joined for --k auto to choose between, e.g. ngram+head
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One generation by one method. A *step* is a target forward that yields `accepted + 1` tokens.
-
-    For quickdraft the prefill is not a step; for transformers every target forward is one (its
-    assisted loop verifies the first draft together with the prompt). Per-position counts exist
-    only where the method exposes them (None otherwise).
-    """
-
-    token_ids: tuple[int, ...]  # output tokens, EOS excluded
-    finish_reason: str  # "stop" (EOS) or "length"
-    wall_seconds: float  # the whole generation call, prefill included
-    time_to_first_token: float
-    target_forwards: int  # every forward of the target, prefill included
-    steps: int
-    draft_tokens: int  # draft tokens the target verified
-    accepted_tokens: int
-    draft_seconds: float | None  # time spent drafting (None: not separable)
-    verify_seconds: float  # target forwards of the steps (plus verification, for quickdraft)
-    drafted_by_position: tuple[int, ...] | None = None  # [i]: steps that drafted a token at position i
-    accepted_by_position: tuple[int, ...] | None = None  # [i]: steps that accepted the token at position i
-    accepted_length_histogram: tuple[int, ...] | None = None  # [n]: steps that accepted exactly n tokens
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return tau(self.accepted_tokens, self.steps)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
-
-    def to_dict(self) -> dict:
-        return {
-            **asdict(self),
-            "new_tokens": self.new_tokens,
-            "tokens_per_second": self.tokens_per_second,
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate": self.acceptance_rate,
-        }
 
 
 class Method(Protocol):
@@ -83,7 +33,7 @@ class Method(Protocol):
     drafter: str  # quickdraft drafter name, or the transformers mode
     k: int | str | None  # draft length setting (None where it does not apply)
 
-    def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:
+    def run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Generate from `prompt_ids` and measure it."""
 
 
@@ -100,26 +50,8 @@ class QuickdraftMethod:
         self.spec = engine.spec_with(drafter=spec_drafter) if k is None else engine.spec_with(drafter=spec_drafter, k=k)
         self.name = f"qd:{display_name(drafter)}" if k is None else f"qd:{display_name(drafter)} k={k}"
 
-    def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:
-        started = time.perf_counter()
-        result = self.engine.generate(prompt_ids, params, spec=self.spec)
-        wall = time.perf_counter() - started
-        stats = result.stats
-        return Measurement(
-            token_ids=tuple(result.token_ids),
-            finish_reason=result.finish_reason,
-            wall_seconds=wall,
-            time_to_first_token=stats.prefill_seconds,
-            target_forwards=stats.target_forwards,
-            steps=stats.steps,
-            draft_tokens=stats.draft_tokens,
-            accepted_tokens=stats.accepted_tokens,
-            draft_seconds=stats.draft_seconds,
-            verify_seconds=stats.verify_seconds,
-            drafted_by_position=tuple(stats.drafted_by_position),
-            accepted_by_position=tuple(stats.accepted_by_position),
-            accepted_length_histogram=tuple(stats.accepted_length_histogram),
-        )
+    def run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return measure(self.engine, prompt_ids, params, self.spec)
 
 
 class HFTarget:
@@ -171,13 +103,13 @@ class HFGenerate:
             "assistant": f"hf:assistant {display_name(assistant_name)}",
         }[mode]
 
-    def run(self, prompt_ids: list[int], params: SamplingParams) -> Measurement:
+    def run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.model.device)  # [1, prompt]
         first_token = _FirstTokenClock()
         self.target.reset()
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         output = self.target.model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -185,9 +117,9 @@ class HFGenerate:
             assistant_model=self.assistant,
             streamer=first_token,
         )  # [1, prompt + new]
-        wall = time.perf_counter() - started
+        cpu_seconds, wall = time.process_time() - cpu_started, time.perf_counter() - started
         generated = output[0, len(prompt_ids) :].tolist()
-        return self._measurement(generated, len(prompt_ids), wall, first_token.seconds_after(started))
+        return self._generation(generated, len(prompt_ids), wall, cpu_seconds, first_token.seconds_after(started))
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         sampling = {} if params.greedy else dict(temperature=params.temperature, top_k=0, top_p=1.0)
@@ -202,24 +134,24 @@ class HFGenerate:
             **lookup,
         )
 
-    def _measurement(
-        self, generated: list[int], prompt_length: int, wall: float, time_to_first_token: float
-    ) -> Measurement:
+    def _generation(
+        self, generated: list[int], prompt_length: int, wall: float, cpu_seconds: float, time_to_first_token: float
+    ) -> Generation:
         """Counts from the forward hooks: the first forward holds the prompt plus any first draft."""
         eos_at = next((i for i, token in enumerate(generated) if token in self.target.eos_token_ids), None)
         produced = len(generated) if eos_at is None else eos_at + 1  # tokens the steps yielded, EOS included
         inputs, seconds = self.target.forward_inputs, self.target.forward_seconds
         drafted = (inputs[0] - prompt_length) + sum(n - 1 for n in inputs[1:])
-        return Measurement(
+        return Generation(
             token_ids=tuple(generated[:eos_at]),
             finish_reason="length" if eos_at is None else "stop",
             wall_seconds=wall,
+            cpu_seconds=cpu_seconds,
             time_to_first_token=time_to_first_token,
             target_forwards=len(inputs),
             steps=len(inputs),
             draft_tokens=drafted,
             accepted_tokens=max(produced - len(inputs), 0),
-            draft_seconds=None,
             verify_seconds=sum(seconds[1:]),
         )
 

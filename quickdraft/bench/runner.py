@@ -1,4 +1,4 @@
-"""The interleaved benchmark loop: for each repeat, for each prompt, every method in rotated order.
+"""`quickdraft bench`: every method on every prompt, interleaved (`measure.interleave`), kept raw.
 
 Rotating the order per prompt spreads machine drift (other jobs, thermal state) evenly over the
 methods; the baseline (quickdraft with drafter "none") runs once per prompt per repeat whatever
@@ -32,6 +32,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.registry import check_name
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
+from quickdraft.measure import Generation, interleave
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.store import local_model_dir
 
@@ -169,34 +170,21 @@ def _warm_up(methods: list[Method], prompt_ids: list[int], config: BenchConfig) 
 def _measure_all(
     methods: list[Method], prompts: list[Prompt], encoded: list[list[int]], config: BenchConfig
 ) -> list[dict]:
+    """`measure.interleave` over the methods; one raw row per trial."""
+    by_name = {method.name: method for method in methods}
     total = config.repeats * len(prompts) * len(methods)
     bar = tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, disable=not config.progress, dynamic_ncols=True)
-    rows = []
-    for repeat in range(config.repeats):
-        for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
-            params = SamplingParams(
-                temperature=config.temperature,
-                max_new_tokens=config.max_new_tokens,
-                seed=config.seed + 1000 * repeat + index,
-            )
-            shift = (repeat * len(prompts) + index) % len(methods)
-            for order, method in enumerate(methods[shift:] + methods[:shift]):
-                bar.set_postfix_str(f"{prompt.category} #{index} {method.name}", refresh=False)
-                measurement = method.run(prompt_ids, params)
-                rows.append(
-                    {
-                        "repeat": repeat,
-                        "prompt": index,
-                        "question_id": prompt.question_id,
-                        "category": prompt.category,
-                        "method": method.name,
-                        "order": order,
-                        **measurement.to_dict(),
-                    }
-                )
-                bar.update()
+
+    def run(name: str, index: int, repeat: int) -> Generation:
+        bar.set_postfix_str(f"{prompts[index].category} #{index} {name}", refresh=False)
+        seed = config.seed + 1000 * repeat + index
+        params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
+        return by_name[name].run(encoded[index], params)
+
+    categories = [prompt.category for prompt in prompts]
+    trials = interleave(list(by_name), categories, config.repeats, run, on_trial=lambda _: bar.update())
     bar.close()
-    return rows
+    return [{"question_id": prompts[trial.prompt].question_id, **trial.to_dict()} for trial in trials]
 
 
 def _mark_identity(rows: list[dict], config: BenchConfig) -> None:

@@ -16,7 +16,7 @@ that file is measured in the same run, after ours.
 
 With dev prompts it also answers "is speculative decoding with the n-gram drafter faster than
 before the native runtime?": the engine with `ngram` and k auto generates greedily from the same
-prompts on each runner, runner order rotating per prompt; tokens/s is the mean over prompts of new
+prompts on each runner, interleaved (`measure.interleave`); tokens/s is the mean over prompts of new
 tokens / wall time (prefill included), median over repeats.
 """
 
@@ -35,6 +35,7 @@ from quickdraft.bench.dataset import Prompt
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.costs import time_forwards
 from quickdraft.engine import Engine
+from quickdraft.measure import interleave, measure
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
@@ -134,7 +135,7 @@ def ngram_runners(native_dtypes: Sequence[str]) -> dict[str, tuple[str, str]]:
 def bench_ngram(
     path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tokens: int, native_dtypes: Sequence[str]
 ) -> NgramResult:
-    """Greedy speculative generation with `ngram`, k auto, on each runner; runner order rotates per prompt."""
+    """Greedy speculative generation with `ngram`, k auto, on each runner, interleaved."""
     engines = {
         label: Engine(load_model_dir(path, runtime=runtime, dtype=dtype), SpecConfig(drafter="ngram", k="auto"))
         for label, (runtime, dtype) in ngram_runners(native_dtypes).items()
@@ -145,28 +146,24 @@ def bench_ngram(
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     for engine in engines.values():
         engine.generate(encoded[0], SamplingParams(temperature=0, max_new_tokens=8))  # calibrates the controller
-    labels = list(engines)
-    rates: dict[str, list[float]] = {label: [] for label in labels}
-    same, compared = 0, 0
-    for _ in range(repeats):
-        per_prompt: dict[str, list[float]] = {label: [] for label in labels}
-        for index, prompt_ids in enumerate(encoded):
-            outputs = {}
-            for label in labels[index % len(labels) :] + labels[: index % len(labels)]:
-                begin = time.perf_counter()
-                result = engines[label].generate(prompt_ids, params)
-                per_prompt[label].append(len(result.token_ids) / (time.perf_counter() - begin))
-                outputs[label] = result.token_ids
-            if "native float32" in outputs:
-                same += outputs["native float32"] == outputs["hf float32"]
-                compared += 1
-        for label in labels:
-            rates[label].append(statistics.fmean(per_prompt[label]))
+    trials = interleave(
+        list(engines),
+        [prompt.category for prompt in prompts],
+        repeats,
+        lambda label, index, _: measure(engines[label], encoded[index], params),
+    )
+    rates: dict[str, list[float]] = {label: [] for label in engines}
+    for repeat in range(repeats):
+        for label in engines:
+            runs = [t.generation for t in trials if (t.repeat, t.method) == (repeat, label)]
+            rates[label].append(statistics.fmean(g.tokens_per_second for g in runs))
+    outputs = {(t.repeat, t.prompt, t.method): t.generation.token_ids for t in trials}
+    same = [outputs[key] == outputs[key[:2] + ("hf float32",)] for key in outputs if key[2] == "native float32"]
     return NgramResult(
         len(encoded),
         max_new_tokens,
         {label: statistics.median(r) for label, r in rates.items()},
-        same / compared if compared else float("nan"),
+        sum(same) / len(same) if same else float("nan"),
     )
 
 

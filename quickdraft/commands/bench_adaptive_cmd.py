@@ -90,20 +90,20 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     target_dir = local_model_dir(args.model)
     engine = Engine(load_model_dir(target_dir, runtime=args.runtime, dtype=args.dtype, name=args.model))
-    results, raw = {}, []
+    results, raw = {}, {}
     for case in cases:
-        measurements, costs = _run_case(case, engine, target_dir, prompts, args, ks, drafters)
-        raw += measurements
+        trials, costs = _run_case(case, engine, target_dir, prompts, args, ks, drafters)
+        raw[case] = trials
         adaptive.save_raw(raw, out / "adaptive-raw.json")  # first, so a long run's numbers survive any report error
-        speeds = adaptive.speeds(measurements)
+        speeds = adaptive.speeds(trials)
         overall = speeds["overall"]
         best, _ = adaptive_report.best_fixed(overall, adaptive_report.fixed_labels(overall))
         results[case] = {
             "speeds": speeds,
-            "cpu_speeds": adaptive.speeds(measurements, clock="cpu"),
-            "mismatches": adaptive.mismatches(measurements),
-            "adaptation": adaptive.adaptation(measurements),
-            "same_work": adaptive.same_work_timing(measurements, best),
+            "cpu_speeds": adaptive.speeds(trials, clock="cpu"),
+            "mismatches": adaptive.mismatches(trials),
+            "adaptation": adaptive.adaptation(trials),
+            "same_work": adaptive.same_work_timing(trials, best),
             "costs": costs,
             "drafters": [RANDOM_DRAFT] if case == "safety" else drafters,
         }
@@ -124,7 +124,7 @@ def _run_case(
     ks: list[int],
     drafters: list[str],
 ) -> tuple[list, dict]:
-    """The case's measurements, and the engine's cost model at its start and end."""
+    """The case's trials, and the engine's cost model at its start and end."""
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
         draft_dir = adaptive.random_draft_dir(target_dir, cache_dir() / "bench", args.draft_layers)  # built once
@@ -136,5 +136,5 @@ def _run_case(
         prompts = select_prompts(dataset, limit=args.per_category)
         settings, max_new_tokens = adaptive.settings(drafters, ks, args.k_max), args.max_new_tokens
     start = adaptive.cost_profile(engine, settings[-1].spec)  # calibrated on first use
-    measurements = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
-    return measurements, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}
+    trials = adaptive.run_case(engine, case, prompts, settings, max_new_tokens, args.repeats, log)
+    return trials, {"start": start, "end": adaptive.cost_profile(engine, settings[-1].spec)}

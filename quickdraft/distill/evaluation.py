@@ -1,10 +1,10 @@
 """Measuring a head: teacher-forced held-out metrics of an untrained head, engine runs, cost ratio.
 
 `engine_metrics` answers prompts greedily with the engine, once with the head drafter and once
-with the target alone, in the same process: acceptance (alpha), tau (tokens per target forward),
-acceptance by position, speedup, and whether every output is identical. `cost_ratio` is c: the
-median time of one head drafting step (one pair through the head plus its reduced output layer)
-over the median time of a one-token target forward, measured interleaved.
+with the target alone, interleaved in the same process (`measure.interleave`): acceptance (alpha),
+tau (tokens per target forward), acceptance by position, speedup, and whether every output is
+identical. `cost_ratio` is c: the median time of one head drafting step (one pair through the head
+plus its reduced output layer) over the median time of a one-token target forward, measured interleaved.
 """
 
 import statistics
@@ -18,11 +18,13 @@ from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evalua
 from quickdraft.drafters.head.files import build_head
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
+from quickdraft.measure import interleave, measure
 from quickdraft.models.loading import LoadedModel
 from quickdraft.stats import acceptance_rate, tau
 
 COST_REPEATS = 100  # interleaved timings of each (cards read c 0.109-0.113 where benchmarks measured 0.079-0.095)
 COST_CONTEXT = 64
+HEAD, TARGET = "head", "target"  # the two methods `engine_metrics` interleaves
 
 
 def heldout_prompts(prompts: list[str], count: int) -> list[str]:
@@ -40,33 +42,34 @@ def untrained_metrics(
 
 
 def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_new_tokens: int, k: int = 4) -> dict:
-    """Greedy generation with the saved head (k drafts) and with the target alone on `prompts`."""
+    """Greedy generation with the saved head (k drafts) and with the target alone on `prompts`, interleaved."""
     engine = Engine(target, SpecConfig(drafter=f"head:{head_dir}", k=k))
+    specs = {HEAD: engine.spec, TARGET: engine.spec_with(drafter="none")}
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    drafted = accepted = steps = 0
+    chat = bool(target.tokenizer.chat_template)
+    encoded = [engine.encode(prompt, chat=chat) for prompt in prompts]
+    trials = interleave(
+        list(specs),
+        ["heldout"] * len(prompts),
+        1,
+        lambda method, index, _: measure(engine, encoded[index], params, specs[method]),
+    )
+    runs = {method: [t.generation for t in trials if t.method == method] for method in specs}
+    head, alone = runs[HEAD], runs[TARGET]
+    drafted, accepted, steps = (sum(getattr(g, n) for g in head) for n in ("draft_tokens", "accepted_tokens", "steps"))
     by_position = torch.zeros(k)
-    spec_seconds = base_seconds = 0.0
-    identical = True
-    generated = 0
-    for prompt in prompts:
-        ids = engine.encode(prompt, chat=bool(target.tokenizer.chat_template))
-        result = engine.generate(ids, params)
-        baseline = engine.generate(ids, params, spec=engine.spec_with(drafter="none"))
-        stats = result.stats
-        drafted, accepted, steps = drafted + stats.draft_tokens, accepted + stats.accepted_tokens, steps + stats.steps
-        by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
-        spec_seconds, base_seconds = spec_seconds + stats.total_seconds, base_seconds + baseline.stats.total_seconds
-        identical = identical and result.token_ids == baseline.token_ids
-        generated += stats.generated_tokens
+    for g in head:
+        by_position[: len(g.accepted_by_position)] += torch.tensor(g.accepted_by_position, dtype=torch.float)
+    outputs = {(t.prompt, t.method): t.generation.token_ids for t in trials}
     return {
         "prompts": len(prompts),
         "k": k,
-        "generated_tokens": generated,
+        "generated_tokens": sum(g.new_tokens for g in head),
         "alpha": round(acceptance_rate(accepted, drafted) or 0.0, 4),
         "tau": round(tau(accepted, steps), 4),
         "accepted_per_step_by_position": [round(float(a) / max(steps, 1), 4) for a in by_position],
-        "speedup": round(base_seconds / max(spec_seconds, 1e-9), 3),
-        "identical": identical,
+        "speedup": round(sum(g.wall_seconds for g in alone) / max(sum(g.wall_seconds for g in head), 1e-9), 3),
+        "identical": all(outputs[i, HEAD] == outputs[i, TARGET] for i in range(len(prompts))),
         "cost_ratio": round(cost_ratio(target, engine.drafter(engine.spec.drafter).head), 4),
     }
 
