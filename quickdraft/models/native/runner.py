@@ -20,7 +20,7 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kv_cache import KVCache
-from quickdraft.models.native.layers import AttentionWindow, attention, gated_mlp, rms_norm, windowed_attention
+from quickdraft.models.native.layers import attention, block_mask, gated_mlp, key_begin, rms_norm
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
 from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights, RowGroup
@@ -35,7 +35,8 @@ class _Part:
 
     start: int  # position of its first row
     rows: slice  # within the sequence's new rows
-    windows: dict[int | None, AttentionWindow]  # by sliding window size (None: full attention)
+    masks: dict[int | None, torch.Tensor] | None  # a prompt block's `block_mask` by sliding window size (None:
+    # full attention); None for a verification, whose queries each attend alone
 
 
 @dataclass(frozen=True)
@@ -170,16 +171,19 @@ class NativeRunner:
     def _parts(self, start: int, n: int, verification: bool) -> tuple[_Part, ...]:
         """How the rows of positions start..start+n-1 attend.
 
-        A verification's rows (logits returned) read exactly what a 1-token forward at their position reads
-        (`AttentionWindow.build` with exact_rows). A prompt chunk attends one product per PREFILL_BLOCK of
-        positions it touches, so a row's result depends only on its block, never on where the chunk began:
-        a prompt cut into forwards at block boundaries leaves the same cache however it was cut.
+        Each query of a verification (logits returned) attends alone over exactly the keys a 1-token forward at
+        its position reads, with that forward's shapes: masked keys a longer product would carry change where
+        its reductions split and how they round on some CPUs (seen on AVX2: a 4-token forward's row differed
+        from the 1-token forward's by 0.125 in its logits at 806 cached positions). A prompt chunk attends one
+        masked product per PREFILL_BLOCK of positions it touches, so a row's result depends only on its
+        block, never on where the chunk began: a prompt cut into forwards at block boundaries leaves the same
+        cache however it was cut.
         """
         if verification:
-            return (_Part(start, slice(0, n), self._windows(start, n, exact_rows=True)),)
+            return (_Part(start, slice(0, n), None),)
         bounds = [start, *range((start // PREFILL_BLOCK + 1) * PREFILL_BLOCK, start + n, PREFILL_BLOCK), start + n]
         return tuple(
-            _Part(begin, slice(begin - start, end - start), self._windows(begin, end - begin, exact_rows=False))
+            _Part(begin, slice(begin - start, end - start), self._block_masks(begin, end - begin))
             for begin, end in zip(bounds, bounds[1:])
         )
 
@@ -242,28 +246,22 @@ class NativeRunner:
     ) -> torch.Tensor:
         """One sequence's attention over its own cache: queries [n, H, hd] -> [n, H * hd]."""
         seq.cache.write(i, seq.start, keys, values)
-        attended = [
-            self._attend_part(i, queries[part.rows], seq.cache, part.start, part.windows[window_size])
-            for part in seq.parts
-        ]
+        attended = [self._attend_part(i, queries[part.rows], seq.cache, part, window_size) for part in seq.parts]
         return torch.cat(attended) if len(attended) > 1 else attended[0]
 
     def _attend_part(
-        self, i: int, queries: torch.Tensor, cache: KVCache, start: int, window: AttentionWindow
+        self, i: int, queries: torch.Tensor, cache: KVCache, part: _Part, window: int | None
     ) -> torch.Tensor:
-        """Queries [n, H, hd] at positions start.. over the cache: [n, H * hd]."""
-        spec, n = self.spec, queries.shape[0]
-        if window.rows:  # one query at a time over exactly its own window (see AttentionWindow.build)
-            return torch.cat(
-                [
-                    attention(queries[j : j + 1], *cache.read(i, row.begin, start + j + 1), row, spec.attention_scale)
-                    for j, row in enumerate(window.rows)
-                ]
-            )
-        cached_keys, cached_values = cache.read(i, window.begin, start + n)
-        if window.size:
-            return windowed_attention(queries, cached_keys, cached_values, window.size, spec.attention_scale)
-        return attention(queries, cached_keys, cached_values, window, spec.attention_scale)
+        """Queries [n, H, hd] at positions part.start.. over the cache: [n, H * hd]."""
+        scale, start, n = self.spec.attention_scale, part.start, queries.shape[0]
+        if part.masks is None:  # each query alone, as the 1-token forward at its position
+            attended = [
+                attention(queries[j : j + 1], *cache.read(i, key_begin(start + j, window), start + j + 1), scale)
+                for j in range(n)
+            ]
+            return torch.cat(attended) if n > 1 else attended[0]
+        keys, values = cache.read(i, key_begin(start, window), start + n)
+        return attention(queries, keys, values, scale, part.masks[window])
 
     def _attention_inputs(
         self,
@@ -306,12 +304,9 @@ class NativeRunner:
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _windows(self, start: int, n: int, exact_rows: bool) -> dict[int | None, AttentionWindow]:
+    def _block_masks(self, start: int, n: int) -> dict[int | None, torch.Tensor]:
         groups = self.spec.num_heads // self.spec.num_kv_heads
-        return {
-            w: AttentionWindow.build(start, n, w, groups, self.dtype, self.device, exact_rows)
-            for w in set(self.spec.layer_windows)
-        }
+        return {w: block_mask(start, n, w, groups, self.device) for w in set(self.spec.layer_windows)}
 
     def _new_cache(self) -> KVCache:
         spec = self.spec
