@@ -14,7 +14,7 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 from quickdraft.models.native import native_runner_for
-from quickdraft.models.native.weights import Linear
+from quickdraft.models.native.weights import Linear, prompt_dtype
 from tests.test_native_runtime import _COMMON, VARIANTS, _save_random_model
 
 VOCAB = _COMMON["vocab_size"]
@@ -85,6 +85,20 @@ def test_a_batch_variant_kernel_fails_the_invariance_check(model_dir, monkeypatc
     batched, alone = native_runner_for(model_dir, "float32"), native_runner_for(model_dir, "float32")
     monkeypatch.setattr(Linear, "batched", split_k_product)
     assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
+
+
+@pytest.mark.parametrize("native_bfloat16", [True, False])
+def test_prompt_blocks_multiply_in_float32_where_the_cpu_lacks_bfloat16_and_rows_stay_invariant(
+    model_dir, monkeypatch, native_bfloat16
+):
+    """Either way the CPU leads the prompt products (float32 on AVX2, bfloat16 where it is native), every
+    row of a batched forward equals its sequence's own."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native_bfloat16)
+    cpu = torch.device("cpu")
+    assert prompt_dtype(torch.bfloat16, cpu) == (torch.bfloat16 if native_bfloat16 else torch.float32)
+    assert prompt_dtype(torch.float32, cpu) == torch.float32
+    batched, alone = native_runner_for(model_dir, "int8"), native_runner_for(model_dir, "int8")
+    assert batch_differences(batched, alone, sequences=4, rounds=20, seed=3) == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
