@@ -1,10 +1,13 @@
 """What each weight format's CPU matrix product costs at smollm2-135m's shapes: int8 per row
 (`_weight_int8pack_mm`, today's default), int4 in 32-column groups (`_weight_int4pack_mm_for_cpu`, the kernel
-a GGUF Q4_0/Q4_1/Q4_K matrix maps onto exactly) and dense bfloat16, for 1, 5 and 9 rows.
+a GGUF Q4_0/Q4_1/Q4_K matrix maps onto exactly), dense bfloat16, and dense float32 over the same bfloat16 rows
+widened (what prompt blocks run where the CPU has no native bfloat16, `weights.prompt_dtype`), for 1, 5 and 9
+rows; `--rows 128` gives a prompt block's.
 
     python scripts/kernel_probe.py --threads 2
+    python scripts/kernel_probe.py --threads 2 --rows 128 --repeats 5 --matrices qkv,o,gate_up,down
 
-Random weights of each shape; the median of 5 runs of 200 products each, in microseconds.
+Random weights of each shape; the median of 5 runs of `--repeats` products each, in microseconds.
 """
 
 import argparse
@@ -22,25 +25,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,5,9")
+    parser.add_argument("--repeats", type=int, default=200, help="products per timed run (default 200)")
+    parser.add_argument("--matrices", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{'matrix':<8} {'rows':>4} {'int8 us':>8} {'int4 us':>8} {'bf16 us':>8} {'int4/int8':>9}")
-    for name, (out_features, in_features) in SHAPES.items():
+    print(f"bfloat16 native here: {torch.ops.mkldnn._is_mkldnn_bf16_supported()}")
+    print(f"{'matrix':<8} {'rows':>4} {'int8 us':>8} {'int4 us':>8} {'bf16 us':>8} {'f32 us':>8} {'int4/int8':>9}")
+    for name in args.matrices.split(","):
+        out_features, in_features = SHAPES[name]
         int8 = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)
         int8_scales = torch.rand(out_features).bfloat16()
         nibbles = torch.randint(0, 16, (out_features, in_features), dtype=torch.int32)
         int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
         int4_scales_and_zeros = torch.rand(in_features // 32, out_features, 2).bfloat16()
         dense = torch.randn(out_features, in_features).bfloat16()
+        dense32 = dense.float()
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, in_features).bfloat16()
-            t8 = median_us(partial(torch.ops.aten._weight_int8pack_mm, x, int8, int8_scales))
-            t4 = median_us(partial(torch.ops.aten._weight_int4pack_mm_for_cpu, x, int4, 32, int4_scales_and_zeros))
-            tb = median_us(partial(F.linear, x, dense))
-            print(f"{name:<8} {rows:>4} {t8:>8.1f} {t4:>8.1f} {tb:>8.1f} {t4 / t8:>9.2f}", flush=True)
+            time_us = partial(median_us, repeats=args.repeats)
+            t8 = time_us(partial(torch.ops.aten._weight_int8pack_mm, x, int8, int8_scales))
+            t4 = time_us(partial(torch.ops.aten._weight_int4pack_mm_for_cpu, x, int4, 32, int4_scales_and_zeros))
+            tb = time_us(partial(F.linear, x, dense))
+            tf = time_us(partial(widened_product, x, dense32))
+            print(f"{name:<8} {rows:>4} {t8:>8.1f} {t4:>8.1f} {tb:>8.1f} {tf:>8.1f} {t4 / t8:>9.2f}", flush=True)
 
 
-def median_us(product, repeats: int = 200) -> float:
+def widened_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """bfloat16 rows [n, in] times a float32 weight [out, in], back to bfloat16: a prompt block without native bf16."""
+    return F.linear(x.float(), weight).bfloat16()
+
+
+def median_us(product, repeats: int) -> float:
     for _ in range(10):
         product()
     runs = []

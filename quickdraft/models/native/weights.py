@@ -29,7 +29,7 @@ class RowGroup:
 
 def prompt_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype prompt blocks multiply in: the compute dtype, or float32 for bfloat16 on a CPU without native
-    bfloat16 products, where a 128-row float32 product is 6-7x faster (AVX2; docs/native_runtime.md)."""
+    bfloat16 products, where a 128-row float32 product is 5-6x faster (AVX2; docs/native_runtime.md)."""
     no_native_bf16 = device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return torch.float32 if dtype == torch.bfloat16 and no_native_bf16 else dtype
 
