@@ -13,7 +13,7 @@ from quickdraft.errors import UsageError
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 Runtime = Literal["auto", "native", "hf"]
-DType = Literal["auto", "float32", "bfloat16", "int8"]
+DType = Literal["auto", "float32", "bfloat16", "int8", "gguf"]
 RUNTIMES: tuple[str, ...] = get_args(Runtime)
 DTYPES: tuple[str, ...] = get_args(DType)
 
@@ -106,11 +106,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _require(self.runtime in ("auto", "native", "hf"), f"runtime must be auto, native or hf, got {self.runtime!r}")
         _require(
-            self.dtype in ("auto", "float32", "bfloat16", "int8"),
-            f"dtype must be auto, float32, bfloat16 or int8, got {self.dtype!r}",
+            self.dtype in DTYPES,
+            f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}",
         )
         _require(
-            not (self.runtime == "hf" and self.dtype == "int8"),
-            "int8 weights need the native runtime; use --runtime native or auto",
+            not (self.runtime == "hf" and self.dtype in ("int8", "gguf")),
+            f"{self.dtype} weights need the native runtime; use --runtime native or auto",
         )
         _require(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")

@@ -1,10 +1,11 @@
-"""Where one native decode step spends its time: the torch profiler over plain 1-token forwards.
+"""Where one native forward spends its time: the torch profiler over decode or verification forwards.
 
     python scripts/decode_profile.py smollm2-135m-instruct --dtype int8 --threads 2
 
-Reads a 64-token context, then profiles `--steps` 1-token forwards (rolled back after each) and prints the
-operators by self CPU time, the matrix products apart from the rest, per step and per layer. Issue #16's
-overhead work starts from this table (docs/native_runtime.md quotes it).
+Reads a `--context`-token context (64 by default), then profiles `--steps` forwards of `--tokens` tokens (1: a
+decode step, k + 1: a verification), each rolled back, and prints the operators by self CPU time, the matrix
+products apart from the rest, per step and per layer. Issue #16's overhead work starts from this table
+(docs/native_runtime.md quotes it).
 """
 
 import argparse
@@ -16,7 +17,6 @@ from torch.profiler import ProfilerActivity, profile
 from quickdraft.models.native import native_runner_for
 from quickdraft.models.store import local_model_dir
 
-CONTEXT = list(range(100, 164))
 MATRIX_PRODUCTS = (
     "aten::_weight_int8pack_mm",
     "aten::baddbmm",
@@ -25,6 +25,7 @@ MATRIX_PRODUCTS = (
     "aten::linear",
     "aten::bmm",
     "aten::matmul",
+    "aten::_weight_int4pack_mm_for_cpu",
 )
 
 
@@ -34,16 +35,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--tokens", type=int, default=1, help="tokens per forward (k + 1 for a verification)")
+    parser.add_argument("--context", type=int, default=64, help="cached tokens under each forward (default 64)")
     parser.add_argument("--top", type=int, default=20, help="operators listed (default 20)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     runner = native_runner_for(local_model_dir(args.model, progress=False), args.dtype)
     layers = runner.spec.num_layers
-    runner.prefill(CONTEXT)
+    context = [100 + i % 1000 for i in range(args.context)]
+    runner.prefill(context)
 
     def step() -> None:
-        runner.forward([7])
-        runner.rollback(len(CONTEXT))
+        runner.forward([7] * args.tokens)
+        runner.rollback(len(context))
 
     for _ in range(10):
         step()
@@ -60,7 +64,10 @@ def main() -> None:
     products = sum(e.self_cpu_time_total for e in rows if e.key in MATRIX_PRODUCTS)
     others = sum(e.self_cpu_time_total for e in rows if e.key not in MATRIX_PRODUCTS)
     calls = sum(e.count for e in rows if e.key not in MATRIX_PRODUCTS)
-    print(f"{args.model} {args.dtype}, {args.threads} threads, {layers} layers: {wall * 1e3:.2f} ms a step unprofiled")
+    print(
+        f"{args.model} {args.dtype}, {args.threads} threads, {layers} layers, {args.tokens}-token forwards:"
+        f" {wall * 1e3:.2f} ms a step unprofiled"
+    )
     print(f"matrix products {per_step(products) / 1e3:.2f} ms a step; everything else {per_step(others) / 1e3:.2f} ms")
     print(
         f"operators that are not matrix products: {calls / args.steps:.0f} a step, {calls / args.steps / layers:.0f}"

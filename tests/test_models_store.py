@@ -21,8 +21,9 @@ import torch
 from quickdraft.commands import models_cmd
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models import fetch, store
+from quickdraft.models.loading import load_model_dir
 from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPiece
-from quickdraft.models.store import MARKER, cache_dir, fetch_builtin, list_models, local_model_dir
+from quickdraft.models.store import MARKER, cache_dir, converted_from, fetch_builtin, list_models, local_model_dir
 
 TINY_NAME = "tiny-llama"
 
@@ -278,6 +279,26 @@ def test_local_gguf_is_converted_once_into_the_cache(tmp_path, cache, tiny_gguf,
     tokenizer = AutoTokenizer.from_pretrained(directory)
     assert tokenizer.convert_ids_to_tokens(tokenizer("hello").input_ids) == ["he", "ll", "o"]
     assert (tokenizer.bos_token, tokenizer.eos_token) == ("<s>", "</s>")
+
+
+def test_a_converted_directory_knows_the_gguf_it_came_from(tmp_path, cache, tiny_gguf, monkeypatch):
+    path = Path(shutil.copy(tiny_gguf[0], tmp_path))
+    directory = local_model_dir(str(path), progress=False)
+    assert converted_from(directory) == path.resolve()
+    loaded = load_model_dir(directory)  # dtype auto: the file's own blocks where it has 4-bit ones (none here)
+    assert [linear.form for linear in loaded.runner.linear_layers()] == ["int8"] * 9  # float32 tensors: int8
+    assert loaded.runner.prefill([1, 2, 3]).shape == (260,)
+    path.unlink()  # the file moved away: the directory still loads, --dtype gguf does not
+    assert converted_from(directory) is None
+    with pytest.raises(UsageError, match="did not come from one"):
+        load_model_dir(directory, dtype="gguf")
+    marker = json.loads((directory / MARKER).read_text())  # markers written before the file's path was kept
+    (directory / MARKER).write_text(json.dumps({"gguf_sha256": marker["gguf_sha256"], "source": TINY_NAME}))
+    register_carried_model(tmp_path, monkeypatch, tiny_gguf[0].read_bytes())
+    (cache / "gguf").mkdir(parents=True)
+    shutil.copy(tiny_gguf[0], cache / "gguf" / "tiny-llama.gguf")
+    assert converted_from(directory) == cache / "gguf" / "tiny-llama.gguf"
+    assert converted_from(tmp_path) is None  # no marker: a Hugging Face directory
 
 
 def test_file_without_gguf_magic_is_refused(tmp_path, cache):

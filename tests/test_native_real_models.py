@@ -5,7 +5,8 @@ sliding window. Greedy decoding of 64 tokens on 20 prompts must be identical; wh
 differs, transformers' own top-2 logits at that position must be a numerical tie (gap below
 TIE_GAP), and the comparison stops there since the continuations diverge. Speculative greedy
 decoding (prompt-lookup drafts, verification forwards, rollbacks) must equal 1-token decoding
-exactly with int8 weights, whose kernel is bit-identical across batch sizes. float32 and bfloat16
+exactly with int8 weights and with the GGUF's own 4-bit blocks, whose kernels are bit-identical across
+batch sizes. float32 and bfloat16
 promise no such thing (their matrix products round differently for different row counts), so no
 test forgives their flips: `quickdraft bench --dtype bfloat16` measures how often they differ.
 """
@@ -16,6 +17,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from quickdraft.models.native import native_runner_for
+from quickdraft.models.store import converted_from
 
 pytestmark = pytest.mark.real_model
 
@@ -126,9 +128,12 @@ def _plain(runner, prompt, steps):
     return tokens
 
 
-def test_speculative_greedy_equals_target_alone_with_int8_weights(real):
+@pytest.mark.parametrize("dtype", ["int8", "gguf"])
+def test_speculative_greedy_equals_target_alone_with_quantized_weights(real, dtype):
     path, _, _ = real
-    runner = native_runner_for(path, "int8", "cpu")
+    runner = native_runner_for(path, dtype, "cpu", converted_from(path))
+    if dtype == "gguf":  # both built-in files store most layer matrices in 4-bit blocks (Q4_1; Q4_K)
+        assert sum(linear.form == "int4" for linear in runner.linear_layers()) >= 27
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     for prompt in PROMPTS[:6]:
         ids = tokenizer.encode(prompt * 2).ids  # repeated text gives the lookup drafter matches

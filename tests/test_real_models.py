@@ -1,6 +1,7 @@
 """Tier 5: speculative greedy output equals target-alone output on the built-in pretrained models.
 
-On the default runtime (native int8 weights, whose matrix kernel computes every row on its own),
+On the default runtime (native, on the GGUF's own 4-bit blocks where the file stores a matrix in them and
+int8 weights elsewhere, whose matrix kernels compute every row on their own),
 a k-token verification row is bit-identical to a 1-token row, so equality is exact: no tolerance,
 no tie forgiven. Checked at several k and under auto, and on gemma-3-270m past its 512-token
 sliding window (the case that once diverged).

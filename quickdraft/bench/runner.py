@@ -68,9 +68,10 @@ class BenchConfig:
         return "float32" if self.dtype == "auto" and self.peers else self.dtype
 
     def __post_init__(self) -> None:
-        if self.peers and self.dtype == "int8":
+        if self.peers and self.dtype in ("int8", "gguf"):
             raise UsageError(
-                "--peers hf runs transformers, which has no int8 weights; pass --dtype auto, float32 or bfloat16"
+                f"--peers hf runs transformers, which has no {self.dtype} weights; "
+                "pass --dtype auto, float32 or bfloat16"
             )
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1, got {self.repeats}; speedups need at least one repeat")

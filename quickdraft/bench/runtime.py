@@ -6,7 +6,7 @@ alike), it measures
 - v(k) = time of a forward over k+1 new tokens / time of a forward over 1, k = 1..8, on a
   `VERIFY_CONTEXT`-token context, each forward followed by a rollback to that context (`costs.time_forwards`);
 for the transformers float32 runner (`HFRunner`: DynamicCache, crop to roll back), native
-float32 and the native default configuration (`DEFAULT_NATIVE_DTYPE`). Medians over repeats.
+float32 and the native default configuration (`default_native_dtype`). Medians over repeats.
 For each native dtype it also times the model's matrix products alone, once each on one row, as a
 native decode step would: the ceiling on tokens/s that removing all other work could reach. And it
 measures the machine's read bandwidth (`torch.sum` over a 256 MiB tensor), so each dtype's bytes of
@@ -38,8 +38,8 @@ from quickdraft.engine import Engine
 from quickdraft.measure import interleave, measure
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
-from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
-from quickdraft.models.store import gguf_source, local_model_dir
+from quickdraft.models.native import default_native_dtype, native_runner_for
+from quickdraft.models.store import converted_from, gguf_source, local_model_dir
 
 DECODE_PROMPT = 16  # prompt tokens before the decode run
 DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
@@ -70,7 +70,7 @@ def _decode_seconds(runner, prompt: Sequence[int]) -> float:
 @torch.inference_mode()
 def _matmul_seconds(runner: ModelRunner) -> float:
     """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
-    products = [(linear, torch.randn(1, linear.weight.shape[1]).to(runner.dtype)) for linear in runner.linear_layers()]
+    products = [(linear, torch.randn(1, linear.in_features).to(runner.dtype)) for linear in runner.linear_layers()]
     begin = time.perf_counter()
     for _ in range(DECODE_STEPS):
         for linear, x in products:
@@ -80,8 +80,7 @@ def _matmul_seconds(runner: ModelRunner) -> float:
 
 def weight_bytes(runner: ModelRunner) -> int:
     """Bytes of weights (and their scales and biases) the matrix products of one decode step read."""
-    tensors = (t for linear in runner.linear_layers() for t in (linear.weight, linear.scales, linear.bias))
-    return sum(t.nbytes for t in tensors if t is not None)
+    return sum(linear.nbytes for linear in runner.linear_layers())
 
 
 def read_bandwidth(repeats: int = 5) -> float:
@@ -107,7 +106,7 @@ def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], flo
 def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[str, RuntimeResult]:
     """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved."""
     runners: dict[str, ModelRunner] = {"hf": load_model_dir(path, runtime="hf", dtype="float32").runner}
-    runners.update({f"native_{d}": native_runner_for(path, d, "cpu") for d in native_dtypes})
+    runners.update({f"native_{d}": native_runner_for(path, d, "cpu", converted_from(path)) for d in native_dtypes})
     vocab = runners[f"native_{native_dtypes[0]}"].info.vocab_size
     tokens = torch.randint(0, vocab, (VERIFY_CONTEXT + 16,), generator=torch.Generator().manual_seed(0)).tolist()
     samples: dict[str, list] = {name: [] for name in runners}
@@ -272,15 +271,16 @@ def run_runtime_bench(
 ) -> list[dict]:
     """Benchmark each model (and n-gram speculation on `dev_prompts` when given); print a table (or one
     JSON object per line) and return the summaries."""
-    dtypes = list(dict.fromkeys(["float32", DEFAULT_NATIVE_DTYPE, *native_dtypes]))
     summaries = []
     for model in models:
         path = local_model_dir(model, progress=False)
+        default = default_native_dtype(converted_from(path) is not None)
+        dtypes = list(dict.fromkeys(["float32", default, *native_dtypes]))
         results = bench_model(path, repeats, dtypes)
         bandwidth = read_bandwidth()
         ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
         peer = _llama_cpp_decode(llama_cpp, model, repeats) if llama_cpp is not None else None
-        summary = summary_object(model, results, DEFAULT_NATIVE_DTYPE, bandwidth, ngram, peer)
+        summary = summary_object(model, results, default, bandwidth, ngram, peer)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
     return summaries

@@ -91,8 +91,9 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, what: str = "the targ
         default="auto",
         choices=DTYPES,
         help=(
-            "weights/compute dtype: auto = int8 weights on the native runtime (exact w.r.t. itself, fastest), "
-            "float32 on hf (default auto)"
+            "weights/compute dtype: auto = on the native runtime the GGUF file's own 4-bit blocks (gguf) for a "
+            "model converted from one, else int8 weights (both exact w.r.t. themselves, fastest); float32 on hf "
+            "(default auto)"
         ),
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

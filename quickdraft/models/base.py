@@ -42,7 +42,8 @@ class ModelInfo:
 class MatrixProduct(Protocol):
     """One weight matrix of a forward and the product with it."""
 
-    weight: torch.Tensor  # [out, in] as stored (int8 or the compute dtype)
+    in_features: int  # columns of the matrix: an input is [rows, in_features]
+    nbytes: int  # bytes a product reads (the weight as stored, with its scales and bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] in the runner's dtype -> [rows, out]."""

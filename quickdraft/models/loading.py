@@ -95,18 +95,21 @@ def _build_runner(
 ) -> ModelRunner:
     """The native runner when the architecture has one (unless runtime="hf"), else transformers.
 
-    dtype "auto" means the native default (`DEFAULT_NATIVE_DTYPE`) on the native runner and
-    float32 on the transformers runner.
+    dtype "auto" means the native default (`default_native_dtype`: the GGUF's own blocks for a model converted
+    from one, else int8) on the native runner and float32 on the transformers runner.
     """
     if runtime in ("auto", "native"):
-        from quickdraft.models.native import DEFAULT_NATIVE_DTYPE, native_runner_for
+        from quickdraft.models.native import default_native_dtype, native_runner_for
+        from quickdraft.models.store import converted_from
 
-        runner = native_runner_for(model_dir, dtype=DEFAULT_NATIVE_DTYPE if dtype == "auto" else dtype, device=device)
+        gguf = converted_from(model_dir)
+        native_dtype = default_native_dtype(gguf is not None) if dtype == "auto" else dtype
+        runner = native_runner_for(model_dir, dtype=native_dtype, device=device, gguf=gguf)
         if runner is not None:
             runner.info = replace(runner.info, name=name)
             return runner
         architecture = read_config(model_dir).get("architectures", ["?"])[0]
-        if runtime == "native" or dtype == "int8":
+        if runtime == "native" or dtype in ("int8", "gguf"):
             raise UsageError(
                 f"no native runner for architecture {architecture}; use --runtime hf with --dtype float32 or bfloat16"
             )

@@ -91,6 +91,26 @@ def gguf_source(name_or_path: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
+def converted_from(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from, when it is still on this machine; None for Hugging Face
+    directories (and conversions whose local GGUF file has moved). Its marker names the file (older markers
+    name only the source: a built-in model or the path given)."""
+    try:
+        marker = json.loads((Path(model_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict):
+        return None
+    source = str(marker.get("source", ""))
+    if marker.get("gguf"):
+        path = Path(marker["gguf"])
+    elif source in BUILTIN_MODELS:
+        path = cache_dir() / "gguf" / BUILTIN_MODELS[source].gguf_filename
+    else:
+        path = Path(source).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def fetch_builtin(name: str, force: bool = False, progress: bool = True) -> Path:
     """Fetch, verify and convert the built-in model `name` unless already done; return its directory.
 
@@ -209,7 +229,8 @@ def _convert(gguf: Path, target: Path, *, source: str, sha256: str, progress: bo
         except Exception as error:  # transformers raises many types here; the cause stays chained
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ModelError(f"could not convert {gguf}: {reason}") from error
-        (staged / MARKER).write_text(json.dumps({"gguf_sha256": sha256, "source": source}, indent=2) + "\n")
+        marker = {"gguf_sha256": sha256, "source": source, "gguf": str(gguf.resolve())}
+        (staged / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         if target.exists():  # incomplete, or being redone with --force
             shutil.rmtree(target)
         try:

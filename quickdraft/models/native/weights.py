@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from quickdraft.errors import InternalError, ModelError
+from quickdraft.models.native.gguf_blocks import GROUP, FourBitBlocks, GgufFile, matched_rows
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
@@ -35,60 +36,95 @@ def prompt_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 class Linear:
-    """y = x @ W.T (+ b), with W either in the compute dtype or int8 with one scale per output row.
+    """y = x @ W.T (+ b), with W in one of three forms: dense in the compute dtype; int8 with one scale per
+    output row (`int8`); or int4 in groups of 32 columns, each with a scale and a zero (`int4`: a GGUF's 4-bit
+    blocks, `gguf_blocks.FourBitBlocks`).
 
-    A matrix that prompt blocks go through (`batched`) multiplies them densely in `prompt_dtype`: an int8
-    matrix keeps a de-quantized copy for it (the int8 kernel is compute-bound past a few rows, a dense
+    A matrix that prompt blocks go through (`batched`) multiplies them densely in `prompt_dtype`: an int8 or
+    int4 matrix keeps a de-quantized copy for it (those kernels are compute-bound past a few rows, a dense
     product of a whole block several times faster), as does a matrix whose prompt dtype is not its own.
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, prompt_dtype: torch.dtype | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        int8: bool,
+        prompt_dtype: torch.dtype | None = None,
+        int4: FourBitBlocks | None = None,
     ) -> None:
         self.bias = bias  # [out] or None
-        self.scales = None  # [out] when int8
-        self.weight = weight  # [out, in]
-        if int8:
+        self.scales = None  # [out] when int8; [in // 32, out, 2] scales and zeros when int4
+        self.weight = weight  # [out, in]; int4: the kernel's packed form, [out, in // 2] uint8
+        self._blocks = int4  # the file's 4-bit blocks, kept for dense()
+        if int4 is not None:
+            integers, self.scales = int4.carrier()
+            self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(integers, 1)
+        elif int8:
             self.weight, self.scales = quantize_rows(weight)
+        self.in_features = weight.shape[1] if int4 is None else int4.shape[1]
         self._prompt_weight = None  # [out, in] in the prompt dtype; None: no prompt block comes here (output layer)
         if prompt_dtype is not None:
-            same = not int8 and prompt_dtype == weight.dtype
+            same = self.scales is None and prompt_dtype == weight.dtype
             self._prompt_weight = self.weight if same else self.dense().to(prompt_dtype)
         self._prompt_bias = None if bias is None or prompt_dtype is None else bias.to(prompt_dtype)
 
+    @property
+    def form(self) -> str:
+        """How the weight is stored: "dense", "int8" (per row) or "int4" (32-column groups)."""
+        return "int4" if self._blocks is not None else "int8" if self.scales is not None else "dense"
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether the kernel computes every row the same way whatever the row count (int8 and int4 do)."""
+        return self.scales is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads: the weight in its stored form, its scales (and zeros) and bias."""
+        return sum(t.nbytes for t in (self.weight, self.scales, self.bias) if t is not None)
+
     def dense(self) -> torch.Tensor:
-        """The weight [out, in] as a float tensor (de-quantized when int8)."""
+        """The weight [out, in] as a float tensor (int8 and int4 de-quantized from what their kernels read)."""
+        if self._blocks is not None:
+            integers = self._blocks.integers().float()  # [out, in]
+            scales, zeros = (self.scales[..., i].t().float().repeat_interleave(GROUP, dim=1) for i in (0, 1))
+            return (integers - 8) * scales + zeros
         return self.weight if self.scales is None else self.weight.float() * self.scales.float()[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
         if self.scales is None:
             return F.linear(x, self.weight, self.bias)
-        y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        if self._blocks is not None:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias
 
     def batched(self, x: torch.Tensor, groups: tuple[RowGroup, ...]) -> torch.Tensor:
         """x [N, in], stacked rows of several sequences -> [N, out], every group's rows equal to what they give
         in a forward of their own sequence alone, bit for bit.
 
-        Verification rows in int8 run one product over all of them: `_weight_int8pack_mm` computes every
-        row the same way whatever the row count. Dense float kernels do not (oneDNN changes blocking and
-        accumulation with the row count), so each group of verification rows gets a product of its own,
-        shaped as it would be alone. A prompt block always gets a dense product of its own (the
-        de-quantized matrix in int8): its shape depends only on the prompt, never on the load.
+        Verification rows through a row-invariant kernel run one product over all of them:
+        `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` compute every row the same way whatever the
+        row count. Dense float kernels do not (oneDNN changes blocking and accumulation with the row count),
+        so each group of verification rows gets a product of its own, shaped as it would be alone. A prompt
+        block always gets a dense product of its own (the de-quantized matrix for int8 and int4): its shape
+        depends only on the prompt, never on the load.
         """
-        if all(not group.prompt_block for group in groups) and (self.scales is not None or len(groups) == 1):
+        if all(not group.prompt_block for group in groups) and (self.row_invariant or len(groups) == 1):
             return self(x)
-        pieces, int8_rows = [], []  # int8_rows: consecutive verification groups waiting for one product
+        pieces, shared_rows = [], []  # shared_rows: consecutive verification groups waiting for one product
         for group in groups:
-            if not group.prompt_block and self.scales is not None:
-                int8_rows.append(group.rows)
+            if not group.prompt_block and self.row_invariant:
+                shared_rows.append(group.rows)
                 continue
-            if int8_rows:
-                pieces.append(self(x[int8_rows[0].start : int8_rows[-1].stop]))
-                int8_rows = []
+            if shared_rows:
+                pieces.append(self(x[shared_rows[0].start : shared_rows[-1].stop]))
+                shared_rows = []
             pieces.append(self._prompt_product(x[group.rows]) if group.prompt_block else self(x[group.rows]))
-        if int8_rows:
-            pieces.append(self(x[int8_rows[0].start : int8_rows[-1].stop]))
+        if shared_rows:
+            pieces.append(self(x[shared_rows[0].start : shared_rows[-1].stop]))
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
     def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,28 +190,64 @@ class _Checkpoint:
 
 
 def load_weights(
-    model_dir: Path, spec: DecoderSpec, dtype: torch.dtype, device: torch.device, int8: bool
+    model_dir: Path,
+    spec: DecoderSpec,
+    dtype: torch.dtype,
+    device: torch.device,
+    int8: bool,
+    gguf: Path | None = None,
 ) -> ModelWeights:
-    """Read, fuse and convert all weights of `spec`'s model to `dtype` on `device`."""
+    """Read, fuse and convert all weights of `spec`'s model to `dtype` on `device`; with `gguf` (the file the
+    checkpoint was converted from), every matrix the file stores in 4-bit blocks runs on those blocks (int4)."""
     ckpt = _Checkpoint(model_dir)
     place = lambda t: None if t is None else t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+    matrices = _Matrices(ckpt, place, int8, None if gguf is None else GgufFile(gguf, spec.num_layers))
     embedding = place(ckpt.decoder("embed_tokens.weight"))
-    head = embedding if spec.tie_embeddings else place(ckpt.get("lm_head.weight"))
+    head_name = ckpt.prefix + "embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"
     prompts = prompt_dtype(dtype, device)
-    layers = tuple(_layer(ckpt, spec, i, place, int8, prompts) for i in range(spec.num_layers))
+    layers = tuple(_layer(ckpt, spec, i, place, matrices, prompts) for i in range(spec.num_layers))
     final_norm = place(ckpt.decoder("norm.weight") + spec.norm_weight_offset)
-    return ModelWeights(embedding, layers, final_norm, Linear(head, None, int8))
+    return ModelWeights(embedding, layers, final_norm, matrices([head_name], None, None))
 
 
-def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, int8: bool, prompts: torch.dtype) -> LayerWeights:
-    def tensor(name: str, required: bool = True) -> torch.Tensor | None:
-        return ckpt.decoder(f"layers.{i}.{name}", required)
+class _Matrices:
+    """Builds each (fused) Linear from checkpoint tensors: int4 on a GGUF's blocks where the file stores every
+    part in a 4-bit format, else int8 per row or dense as the dtype says."""
 
-    def norm(name: str) -> torch.Tensor:
-        return place(tensor(name) + spec.norm_weight_offset)
+    def __init__(self, ckpt: _Checkpoint, place, int8: bool, gguf: GgufFile | None) -> None:
+        self._ckpt, self._place, self._int8, self._gguf = ckpt, place, int8, gguf
 
-    q, k, v = (tensor(f"self_attn.{p}_proj.weight") for p in "qkv")
-    qkv_bias = _fused_bias([tensor(f"self_attn.{p}_proj.bias", False) for p in "qkv"], (q, k, v))
+    def __call__(self, names: list[str], bias: torch.Tensor | None, prompts: torch.dtype | None) -> Linear:
+        parts = [self._ckpt.get(name) for name in names]  # float32 [out_i, in] each
+        blocks = self._four_bit(names, parts)
+        return Linear(self._place(torch.cat(parts)), self._place(bias), self._int8, prompts, int4=blocks)
+
+    def _four_bit(self, names: list[str], parts: list[torch.Tensor]) -> FourBitBlocks | None:
+        if self._gguf is None:
+            return None
+        found = [self._gguf.four_bit(name) for name in names]
+        if any(f is None for f in found):
+            return None
+        return FourBitBlocks.stack(
+            [
+                matched_rows(blocks, part, f"{self._gguf.path}: {gguf_name}")
+                for (gguf_name, blocks), part in zip(found, parts)
+            ]
+        )
+
+
+def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, matrices: _Matrices, prompts) -> LayerWeights:
+    def name(suffix: str) -> str:
+        return f"{ckpt.prefix}layers.{i}.{suffix}"
+
+    def tensor(suffix: str, required: bool = True) -> torch.Tensor | None:
+        return ckpt.get(name(suffix), required)
+
+    def norm(suffix: str) -> torch.Tensor:
+        return place(tensor(suffix) + spec.norm_weight_offset)
+
+    qkv_names = [name(f"self_attn.{p}_proj.weight") for p in "qkv"]
+    qkv_bias = _fused_bias([tensor(f"self_attn.{p}_proj.bias", False) for p in "qkv"], qkv_names, ckpt)
     qk_norm = None
     if spec.qk_norm:
         rows = (
@@ -183,25 +255,22 @@ def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, int8: bool, prom
             norm("self_attn.k_norm.weight").expand(spec.num_kv_heads, -1),
         )
         qk_norm = torch.cat(rows).contiguous()
-    gate, up = tensor("mlp.gate_proj.weight"), tensor("mlp.up_proj.weight")
     sandwich = spec.sandwich_norms
     return LayerWeights(
         input_norm=norm("input_layernorm.weight"),
-        qkv=Linear(place(torch.cat((q, k, v))), place(qkv_bias), int8, prompts),
+        qkv=matrices(qkv_names, qkv_bias, prompts),
         qk_norm=qk_norm,
-        o=Linear(
-            place(tensor("self_attn.o_proj.weight")), place(tensor("self_attn.o_proj.bias", False)), int8, prompts
-        ),
+        o=matrices([name("self_attn.o_proj.weight")], tensor("self_attn.o_proj.bias", False), prompts),
         post_attention_norm=norm("post_attention_layernorm.weight") if sandwich else None,
         pre_mlp_norm=norm("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight"),
-        gate_up=Linear(place(torch.cat((gate, up))), None, int8, prompts),
-        down=Linear(place(tensor("mlp.down_proj.weight")), None, int8, prompts),
+        gate_up=matrices([name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")], None, prompts),
+        down=matrices([name("mlp.down_proj.weight")], None, prompts),
         post_mlp_norm=norm("post_feedforward_layernorm.weight") if sandwich else None,
     )
 
 
-def _fused_bias(biases: list[torch.Tensor | None], weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+def _fused_bias(biases: list[torch.Tensor | None], names: list[str], ckpt: _Checkpoint) -> torch.Tensor | None:
     """One bias for the fused q/k/v matmul; zeros stand in for projections without one."""
     if all(b is None for b in biases):
         return None
-    return torch.cat([b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, weights)])
+    return torch.cat([b if b is not None else torch.zeros(ckpt.get(n).shape[0]) for b, n in zip(biases, names)])

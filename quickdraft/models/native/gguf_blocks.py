@@ -1,0 +1,246 @@
+"""A GGUF file's 4-bit weight blocks, unpacked as they are, for the int4 kernel (`--dtype gguf`).
+
+Q4_0, Q4_1 and Q4_K store each row in groups of 32 weights, every group one scale and one offset over
+4-bit integers q in 0..15: w = q * scale + min (Q4_0: min = -8 * scale; Q4_K: scale and min are a
+super-block's fp16 factors times the group's 6-bit ones). `FourBitBlocks` holds exactly that, and its
+`dequantize` equals the `gguf` package's own de-quantization value for value (a zero may differ in sign).
+
+torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, group size 32) computes w = (q - 8) * s + z with
+s and z in bfloat16, so these blocks map onto it with s = scale and z = min + 8 * scale, each rounded to
+bfloat16 (a relative 2^-8 at most: `CARRIER_ROUNDING`). The kernel has no fast path for float32 or float16
+activations here (20-80x slower), so bfloat16 is the carrier; the 4-bit integers themselves are kept exactly.
+
+Other block formats (Q5_0, Q6_K, Q8_0, ...) have no torch kernel that holds them exactly at speed; their
+matrices keep the int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
+"""
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quickdraft.errors import ModelError
+
+GROUP = 32  # weights per scale and offset in every 4-bit format read here
+CARRIER_ROUNDING = 2.0**-8  # relative rounding of a bfloat16 scale or zero (8 significant bits)
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+
+
+@dataclass(frozen=True)
+class FourBitBlocks:
+    """A matrix [out, in] of 4-bit groups: w = q * scale + min, one scale and min per 32 weights of a row."""
+
+    nibbles: torch.Tensor  # [out, in // 2] uint8: column 2j in the low nibble, 2j + 1 in the high one
+    scales: torch.Tensor  # [out, in // 32] float32
+    mins: torch.Tensor  # [out, in // 32] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.nibbles.shape[0], 2 * self.nibbles.shape[1]
+
+    def integers(self) -> torch.Tensor:
+        """q [out, in] int32 in 0..15."""
+        low, high = self.nibbles & 0x0F, self.nibbles >> 4
+        return torch.stack((low, high), dim=-1).reshape(self.shape).to(torch.int32)
+
+    def dequantize(self) -> torch.Tensor:
+        """[out, in] float32, as the GGUF's own de-quantization computes it."""
+        q = self.integers().float()
+        return q * self.scales.repeat_interleave(GROUP, dim=1) + self.mins.repeat_interleave(GROUP, dim=1)
+
+    def rows(self, order: torch.Tensor) -> "FourBitBlocks":
+        """The same blocks with rows rearranged: row i of the result is row order[i]."""
+        return FourBitBlocks(self.nibbles[order], self.scales[order], self.mins[order])
+
+    @staticmethod
+    def stack(parts: "list[FourBitBlocks]") -> "FourBitBlocks":
+        """Matrices with the same input width, one above the other (a fused projection)."""
+        return FourBitBlocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("nibbles", "scales", "mins")))
+
+    def carrier(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [out, in] int32, scales_and_zeros [in // 32, out, 2] bfloat16) in the int4 kernel's form."""
+        zeros = self.mins + 8 * self.scales
+        scales_and_zeros = torch.stack((self.scales.t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous()
+        return self.integers(), scales_and_zeros
+
+
+def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> FourBitBlocks:
+    """A GGUF tensor's raw bytes (any shape, rows of whole blocks) of format `kind` as [out, in] blocks."""
+    out, width = shape
+    if kind not in _BLOCK_BYTES:
+        raise ModelError(f"{kind} is not a 4-bit format read here ({', '.join(FOUR_BIT_TYPES)})")
+    per_block, weights = _BLOCK_BYTES[kind]
+    if width % weights:
+        raise ModelError(f"a {kind} matrix needs rows of whole {weights}-weight blocks, got {width} columns")
+    raw = np.array(data, copy=True).view(np.uint8)  # a writable copy: the reader maps the file read-only
+    blocks = torch.from_numpy(raw).reshape(out * (width // weights), per_block)
+    unpacked = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}[kind](blocks)
+    nibbles, scales, mins = unpacked  # [blocks, weights // 2], [blocks, weights // 32] twice
+    return FourBitBlocks(nibbles.reshape(out, width // 2), scales.reshape(out, -1), mins.reshape(out, -1))
+
+
+_BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}  # bytes, weights per block
+
+
+def _fp16(raw: torch.Tensor) -> torch.Tensor:
+    """[blocks, 2] uint8 little-endian halves -> [blocks, 1] float32."""
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _interleave(quants: torch.Tensor) -> torch.Tensor:
+    """Q4_0/Q4_1's layout, weight j in byte j's low nibble and weight j + 16 in its high one, rearranged into
+    FourBitBlocks' (columns 2j, 2j + 1 in one byte): [blocks, 16] -> [blocks, 16]."""
+    q = torch.cat((quants & 0x0F, quants >> 4), dim=1)  # [blocks, 32] in column order
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def _q4_0(blocks: torch.Tensor):
+    d = _fp16(blocks[:, :2])  # [blocks, 1]
+    return _interleave(blocks[:, 2:]), d, -8 * d
+
+
+def _q4_1(blocks: torch.Tensor):
+    return _interleave(blocks[:, 4:]), _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])
+
+
+def _q4_k(blocks: torch.Tensor):
+    """256 weights: 8 groups of 32 with 6-bit scales and mins packed in 12 bytes, times fp16 d and dmin."""
+    d, dmin = _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])  # [blocks, 1]
+    packed = blocks[:, 4:16].to(torch.int32)  # [blocks, 12]
+    low, high, extra = packed[:, :4], packed[:, 4:8], packed[:, 8:12]
+    sc = torch.cat((low & 63, (extra & 0x0F) | ((low >> 6) << 4)), dim=1)  # [blocks, 8]
+    mn = torch.cat((high & 63, (extra >> 4) | ((high >> 6) << 4)), dim=1)
+    quants = blocks[:, 16:].reshape(-1, 4, 32)  # [blocks, 4 pairs of groups, 32 bytes]
+    q = torch.stack((quants & 0x0F, quants >> 4), dim=2).reshape(-1, 256)  # [blocks, 256] in column order
+    nibbles = q[:, 0::2] | (q[:, 1::2] << 4)
+    return nibbles, d * sc.float(), -(dmin * mn.float())
+
+
+class GgufFile:
+    """The matrices of a GGUF file by their Hugging Face names, read lazily.
+
+    Reads only the header, the architecture and the tensor index (`_TensorIndex`): the `gguf` package's reader
+    also parses every metadata value, a 262,144-entry vocabulary included, which takes it 20 s on gemma-3-270m.
+    """
+
+    def __init__(self, path: Path, num_layers: int) -> None:
+        import gguf  # imported on demand: only `--dtype gguf` reads GGUF tensors
+
+        self.path = path
+        self._index = _TensorIndex(path)
+        arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == self._index.architecture), None)
+        if arch is None:
+            raise ModelError(f"{path}: unknown GGUF architecture {self._index.architecture!r}")
+        self._names = gguf.get_tensor_name_map(arch, num_layers)
+        self._data = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def four_bit(self, hf_name: str) -> tuple[str, FourBitBlocks] | None:
+        """(the GGUF tensor's name, its blocks) when `hf_name` is stored in a 4-bit format; else None."""
+        import gguf
+
+        name = self._names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        entry = self._index.tensors.get(name) if name is not None else None
+        if entry is None:
+            return None
+        kind, dims, offset = entry
+        kind_name = gguf.GGMLQuantizationType(kind).name
+        if kind_name not in FOUR_BIT_TYPES or len(dims) != 2:
+            return None
+        width, out = dims  # GGUF lists dimensions innermost first
+        weights, per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        begin = self._index.data_start + offset
+        raw = self._data[begin : begin + out * width // weights * per_block]
+        if raw.size != out * width // weights * per_block:
+            raise ModelError(f"{self.path}: tensor {name} runs past the end of the file (truncated?)")
+        return name, unpack(raw, kind_name, (out, width))
+
+
+class _TensorIndex:
+    """A GGUF file's architecture and tensor index: name -> (ggml type, dimensions innermost first, offset)."""
+
+    _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    _STRING, _ARRAY = 8, 9
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self._buffer = path.read_bytes()
+        except OSError as error:
+            raise ModelError(f"cannot read GGUF file {path}: {error.strerror}") from error
+        self._at = 0
+        try:
+            if self._take(4) != b"GGUF" or self._unpack("I") < 2:
+                raise ModelError(f"{path} is not a GGUF file of version 2 or later")
+            tensor_count, field_count = self._unpack("Q"), self._unpack("Q")
+            fields = {}
+            for _ in range(field_count):
+                key = self._string()
+                fields[key] = self._value(self._unpack("I"))
+            self.tensors: dict[str, tuple[int, tuple[int, ...], int]] = {}
+            for _ in range(tensor_count):
+                name = self._string()
+                dims = tuple(self._unpack("Q") for _ in range(self._unpack("I")))
+                self.tensors[name] = (self._unpack("I"), dims, self._unpack("Q"))
+        except (struct.error, UnicodeDecodeError) as error:
+            raise ModelError(f"{path}: the GGUF header is cut short or corrupt ({error})") from error
+        self.architecture = str(fields.get("general.architecture", ""))
+        alignment = int(fields.get("general.alignment", 32))
+        self.data_start = -(-self._at // alignment) * alignment
+        del self._buffer
+
+    def _take(self, n: int) -> bytes:
+        chunk = self._buffer[self._at : self._at + n]
+        if len(chunk) != n:
+            raise struct.error("unexpected end of file")
+        self._at += n
+        return chunk
+
+    def _unpack(self, code: str):
+        (value,) = struct.unpack_from("<" + code, self._buffer, self._at)
+        self._at += struct.calcsize(code)
+        return value
+
+    def _string(self) -> str:
+        return self._take(self._unpack("Q")).decode("utf-8")
+
+    def _value(self, kind: int):
+        if kind in self._SCALARS:
+            return self._unpack(self._SCALARS[kind])
+        if kind == self._STRING:
+            return self._string()
+        if kind == self._ARRAY:  # skipped: the weights need no array-valued metadata
+            item, count = self._unpack("I"), self._unpack("Q")
+            if item in self._SCALARS:
+                self._at += count * struct.calcsize(self._SCALARS[item])
+                return None
+            for _ in range(count):
+                self._value(item)
+            return None
+        raise struct.error(f"unknown metadata type {kind}")
+
+
+def matched_rows(blocks: FourBitBlocks, weight: torch.Tensor, where: str) -> FourBitBlocks:
+    """`blocks` with rows arranged as `weight` [out, in] float32 (the checkpoint converted from this GGUF) holds
+    them: converters permute some matrices' rows (llama.cpp interleaves q and k rows for its RoPE), so each
+    row is found by exact equality of its de-quantized values. Raises when some row has no equal."""
+    exact = blocks.dequantize()
+    if exact.shape != weight.shape:
+        raise ModelError(
+            f"{where}: GGUF shape {tuple(exact.shape)} differs from the checkpoint's {tuple(weight.shape)}"
+        )
+    if torch.equal(exact, weight):
+        return blocks
+    index: dict[bytes, list[int]] = {}
+    for i, row in enumerate((exact + 0.0).numpy()):  # + 0.0: -0.0 becomes 0.0, so rows are keyed by value
+        index.setdefault(row.tobytes(), []).append(i)
+    order = []
+    for row in (weight + 0.0).numpy():
+        candidates = index.get(row.tobytes())
+        if not candidates:
+            raise ModelError(
+                f"{where}: the GGUF's blocks do not de-quantize to the checkpoint's weights; "
+                "the model directory was not converted from this GGUF file (convert it again, or use --dtype int8)"
+            )
+        order.append(candidates.pop())
+    return blocks.rows(torch.tensor(order))

@@ -1,0 +1,166 @@
+"""`--dtype gguf`: the native runtime computing with a GGUF file's own 4-bit blocks.
+
+Each 4-bit format unpacks to exactly what the `gguf` package de-quantizes; the int4 kernel's bfloat16 scales
+and zeros stay within their stated rounding; a tiny model written to a GGUF file here (4-bit layer
+matrices, q and k rows permuted as llama.cpp's converter does, a Q8_0 output layer) runs in the new dtype
+close to its exact de-quantized float32 weights, with k-token rows equal to 1-token rows and batched rows
+equal to solo ones bit for bit.
+"""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+
+from quickdraft.errors import ModelError, UsageError
+from quickdraft.models.loading import load_model_dir
+from quickdraft.models.native import native_runner_for
+from quickdraft.models.native.gguf_blocks import CARRIER_ROUNDING, FOUR_BIT_TYPES, GROUP, unpack
+from quickdraft.models.native.weights import Linear
+from tests.test_batch_runtime import batch_differences
+from tests.test_native_runtime import VARIANTS, _save_random_model
+
+CONFIGS = {"llama_gqa2_tied_linear": "llama", "mistral_sliding": "llama", "gemma3_interleaved": "gemma3"}
+PROMPT = [3, 17, 42, 8, 29, 23, 4, 61, 15, 37, 5, 12]
+
+
+def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """Raw bytes of random `kind` blocks [rows, bytes per row] whose fp16 fields are finite and moderate."""
+    weights, per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows * width // weights, per_block), dtype=np.uint8)
+    halves = 2 if kind == "Q4_0" else 4  # d, or d and m / dmin
+    raw[:, :halves] = rng.normal(0, 0.05, size=(raw.shape[0], halves // 2)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", FOUR_BIT_TYPES)
+def test_each_four_bit_format_unpacks_to_the_gguf_packages_own_dequantization(kind):
+    rows, width = 24, 512
+    raw = random_blocks(kind, rows, width)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(rows, width)
+    assert torch.equal(unpack(raw, kind, (rows, width)).dequantize(), torch.from_numpy(expected))
+
+
+@pytest.mark.parametrize("kind", FOUR_BIT_TYPES)
+def test_the_int4_carrier_rounds_only_scales_and_zeros_and_the_kernel_computes_with_it(kind):
+    rows, width = 64, 256
+    blocks = unpack(random_blocks(kind, rows, width, seed=1), kind, (rows, width))
+    linear = Linear(blocks.dequantize().bfloat16(), None, int8=False, int4=blocks)
+    exact, carried = blocks.dequantize(), linear.dense()
+    scale = blocks.scales.repeat_interleave(GROUP, dim=1).abs()
+    zero = (blocks.mins + 8 * blocks.scales).repeat_interleave(GROUP, dim=1).abs()
+    bound = CARRIER_ROUNDING * (8 * scale + zero) * (1 + 1e-6)
+    assert ((carried - exact).abs() <= bound).all()
+    assert not torch.equal(carried, exact)  # bfloat16 really rounds these fp16 scales: the bound is not vacuous
+    x = torch.randn(5, width).bfloat16()
+    reference = x.float() @ carried.T
+    assert torch.allclose(linear(x).float(), reference, rtol=2**-7, atol=1e-3 * reference.abs().max())
+
+
+def write_gguf(model_dir, arch: str, path, kinds=("Q4_0", "Q4_1")) -> dict[str, str]:
+    """Quantize the tiny checkpoint's layer matrices to 4-bit blocks (alternating `kinds`) and its embedding to
+    Q8_0 in a GGUF file, q and k rows permuted as llama.cpp stores them; then rewrite the checkpoint to the
+    file's exact de-quantization, as converting the GGUF would. Returns {hf name: ggml type}."""
+    config = AutoConfig.from_pretrained(model_dir).get_text_config()
+    weights_file = model_dir / "model.safetensors"
+    tensors = load_file(weights_file)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(path), arch)
+    kinds_by_name = {}
+    for i, (name, tensor) in enumerate(sorted(tensors.items())):
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if tensor.dim() != 2 or gguf_name is None:
+            continue
+        kind = "Q8_0" if "embed_tokens" in name or "lm_head" in name else kinds[i % len(kinds)]
+        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+        permute = next((h for key, h in heads.items() if key in name and arch == "llama"), None)
+        stored = _llama_permute(tensor, permute) if permute else tensor
+        quantized = gguf.quants.quantize(stored.float().numpy(), gguf.GGMLQuantizationType[kind])
+        writer.add_tensor(gguf_name, quantized, raw_dtype=gguf.GGMLQuantizationType[kind])
+        exact = torch.from_numpy(gguf.quants.dequantize(quantized, gguf.GGMLQuantizationType[kind]))
+        tensors[name] = _llama_permute(exact, permute, inverse=True) if permute else exact
+        kinds_by_name[name] = kind
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    save_file(tensors, weights_file, metadata={"format": "pt"})
+    return kinds_by_name
+
+
+def _llama_permute(weight: torch.Tensor, heads: int, inverse: bool = False) -> torch.Tensor:
+    """llama.cpp's row order for q and k (each head's two RoPE halves interleaved), or back."""
+    rows, cols = weight.shape
+    if inverse:
+        return weight.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    return weight.reshape(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def gguf_model(request, tmp_path_factory):
+    """(checkpoint directory, GGUF file it was converted from, {hf name: ggml type})."""
+    root = tmp_path_factory.mktemp(request.param)
+    model_dir = root / "model"
+    _save_random_model(VARIANTS[request.param](), model_dir)
+    path = root / "model.gguf"
+    return model_dir, path, write_gguf(model_dir, CONFIGS[request.param], path)
+
+
+def test_four_bit_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model):
+    model_dir, path, kinds = gguf_model
+    runner = native_runner_for(model_dir, "gguf", gguf=path)
+    *layer_matrices, head = runner.linear_layers()
+    assert all(linear.form == "int4" and linear.row_invariant for linear in layer_matrices)
+    assert head.form == "int8" and head.row_invariant  # Q8_0: int8 per row
+    assert set(kinds.values()) >= {"Q4_0", "Q4_1", "Q8_0"}
+
+
+def test_the_gguf_dtype_follows_the_exact_float32_weights_closer_than_int8_does(gguf_model):
+    """Both run bfloat16 activations; gguf keeps the 4-bit integers and rounds only scales and zeros, int8
+    re-quantizes every de-quantized row. The float32 runner computes with the file's exact weights. Compared on
+    the final hidden states: the output layer is Q8_0, int8 per row in both."""
+    model_dir, path, _ = gguf_model
+
+    def final_states(dtype: str) -> torch.Tensor:  # [n, d] of a prompt block, then of verification rows
+        runner = native_runner_for(model_dir, dtype, gguf=path)
+        _, prompt = runner.prefill(PROMPT[:4], return_hidden=True)
+        _, verified = runner.forward(PROMPT[4:], return_hidden=True)
+        return torch.cat((prompt, verified))
+
+    exact = final_states("float32")
+    distance = {dtype: (final_states(dtype) - exact).abs().max().item() for dtype in ("gguf", "int8", "bfloat16")}
+    assert distance["gguf"] < distance["int8"], distance
+    assert distance["gguf"] <= 3 * distance["bfloat16"], distance  # bfloat16: the activations' own floor
+
+
+def test_gguf_verification_rows_equal_one_token_rows_and_batched_rows_equal_solo_ones(gguf_model):
+    model_dir, path, _ = gguf_model
+    runner = native_runner_for(model_dir, "gguf", gguf=path)
+    runner.prefill(PROMPT)
+    draft = [9, 31, 2, 57, 14]  # token ids below the tiny vocabulary of 64
+    together = runner.forward(draft)
+    runner.rollback(len(PROMPT))
+    one_by_one = torch.cat([runner.forward([token]) for token in draft])
+    assert torch.equal(together, one_by_one)
+    batched, alone = (native_runner_for(model_dir, "gguf", gguf=path) for _ in range(2))
+    assert batch_differences(batched, alone, sequences=4, rounds=20, seed=7) == []
+
+
+def test_a_gguf_that_does_not_match_the_checkpoint_is_refused(gguf_model, tmp_path):
+    model_dir, _, _ = gguf_model
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    for file in model_dir.iterdir():
+        (other_dir / file.name).write_bytes(file.read_bytes())
+    config = next(name for name, arch in CONFIGS.items() if (model_dir.parent.name.startswith(name)))
+    write_gguf(other_dir, CONFIGS[config], tmp_path / "other.gguf", kinds=("Q4_1",))
+    with pytest.raises(ModelError, match="do not de-quantize to the checkpoint's weights"):
+        native_runner_for(model_dir, "gguf", gguf=tmp_path / "other.gguf")
+
+
+def test_the_gguf_dtype_needs_a_model_that_came_from_a_gguf_file(tiny_dirs):
+    with pytest.raises(UsageError, match="did not come from one"):
+        load_model_dir(tiny_dirs["llama"], dtype="gguf")
