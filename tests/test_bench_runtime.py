@@ -2,14 +2,16 @@
 
 import json
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
-from quickdraft.bench.llama_cpp import decode_tokens_per_second
-from quickdraft.bench.runtime import VERIFY_KS
+from quickdraft.bench.llama_cpp import decode_tokens_per_second, greedy_continuations
+from quickdraft.bench.runtime import VERIFY_KS, top1_agreement
 from quickdraft.cli import main
 from quickdraft.errors import UsageError
+from quickdraft.models.native import native_runner_for
 from quickdraft.models.store import gguf_source
 from tests.test_bench import PROMPTS, write_jsonl
 
@@ -124,3 +126,56 @@ def test_the_gguf_source_of_a_model_is_its_file_or_none(tmp_path, tiny_dirs, mon
     fetched.parent.mkdir(parents=True)
     fetched.write_bytes(b"GGUF")
     assert gguf_source("smollm2-135m-instruct") == fetched
+
+
+FAKE_SERVER = """#!{python}
+# A stand-in llama-server: /health, and /completion answering each prompt with its stored continuation.
+import http.server, json, sys
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+stored = {{tuple(p): c for p, c in json.load(open("{answers}"))}}
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args): pass
+    def _send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self): self._send({{"status": "ok"}})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open("{log}", "a") as log: log.write(json.dumps([argv, body]) + "\\n")
+        self._send({{"tokens": stored[tuple(body["prompt"])]}})
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_greedy_continuations_come_from_a_llama_server_and_agreement_counts_matching_positions(tmp_path, tiny_dirs):
+    """llama-server is a peer build the tests must not need: a stand-in serves stored continuations (the int8
+    runner's own greedy tokens, so its agreement is exactly 1; one changed last token costs one position)."""
+    runner = native_runner_for(tiny_dirs["llama"], "int8")
+    prompts = [[5, 9, 13, 2], [7, 7, 30]]
+    continuations = []
+    for prompt in prompts:
+        tokens = [int(runner.prefill(prompt).argmax())]
+        while len(tokens) < 12:
+            tokens.append(int(runner.forward([tokens[-1]])[0].argmax()))
+        continuations.append(tokens)
+    answers, log, bin_dir = tmp_path / "answers.json", tmp_path / "log", tmp_path / "bin"
+    answers.write_text(json.dumps([[p, c] for p, c in zip(prompts, continuations)]))
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    server.write_text(FAKE_SERVER.format(python=sys.executable, answers=answers, log=log))
+    server.chmod(server.stat().st_mode | stat.S_IEXEC)
+
+    assert greedy_continuations(bin_dir, tmp_path / "m.gguf", prompts, tokens=12, threads=2) == continuations
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    argv, body = requests[0]
+    assert argv[argv.index("-m") + 1] == str(tmp_path / "m.gguf") and argv[argv.index("-t") + 1] == "2"
+    assert [r[1]["prompt"] for r in requests] == prompts
+    assert (body["n_predict"], body["temperature"], body["ignore_eos"]) == (12, 0.0, True)
+
+    assert top1_agreement(runner, prompts, continuations) == 1.0
+    changed = [continuations[0], continuations[1][:-1] + [continuations[1][-1] + 1]]
+    assert top1_agreement(runner, prompts, changed) == 23 / 24
+    with pytest.raises(UsageError, match="no llama-server in"):
+        greedy_continuations(tmp_path, tmp_path / "m.gguf", prompts, tokens=12, threads=2)

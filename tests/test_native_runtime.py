@@ -337,10 +337,29 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
     assert max(differences.values()) == 0.0, {key: d for key, d in differences.items() if d}
 
 
-def tail_sensitive_attention(q, keys, values, scale, mask=None):
-    """An attention kernel whose result depends on how many keys it is handed, masked or not: the way a
-    product's tail of keys changes its rounding on some CPUs (seen with bfloat16 on AVX2)."""
-    return layers.attention(q, keys, values, scale, mask) + (keys.shape[1] % 8) * 1e-2
+ONE_QUERY = layers.one_query
+
+
+def tail_sensitive_query(q, keys, values, out):
+    """A one-query attention kernel whose result depends on how many keys it is handed: the way a product's
+    tail of keys changes its rounding on some CPUs (seen with bfloat16 on AVX2)."""
+    ONE_QUERY(q, keys, values, out)
+    out += (keys.shape[1] % 8) * 1e-2
+
+
+def all_queries_over_the_last_ones_keys(q, keys, values, spans, scale):
+    """The wrong structure: every query of a verification reads the last query's keys, masked past its own
+    position (what one masked product for all queries computes)."""
+    n, heads, head_dim = q.shape
+    queries = (q.float() * scale).view(n, keys.shape[0], heads // keys.shape[0], head_dim)
+    out = torch.empty(queries.shape)
+    begin, end = min(b for b, _ in spans), max(e for _, e in spans)
+    for j, (_, own_end) in enumerate(spans):
+        scores = torch.bmm(queries[j], keys[:, begin:end].float().transpose(1, 2))
+        scores[..., own_end - begin :] = float("-inf")
+        torch.bmm(torch.softmax(scores, dim=-1), values[:, begin:end].float(), out=out[j])
+        out[j] += ((end - begin) % 8) * 1e-2  # the same key-count-sensitive kernel
+    return out.view(n, heads * head_dim).to(q.dtype)
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa2_tied_linear", "mistral_sliding"])
@@ -349,16 +368,22 @@ def test_verification_rows_equal_one_token_forwards_even_with_a_kernel_sensitive
 ):
     """Each verification query attends over exactly the keys of the 1-token forward at its position, so a
     kernel whose rounding depends on the number of keys (a longer product's masked tail) cannot tell the two
-    apart; attending all queries in one masked product over the last query's keys fails here."""
-    monkeypatch.setattr(runner_module, "attention", tail_sensitive_attention)
+    apart; every query reading the last query's keys, masked, fails here."""
+    monkeypatch.setattr(layers, "one_query", tail_sensitive_query)
     _save_random_model(VARIANTS[variant](), tmp_path)
     runner = native_runner_for(tmp_path, "int8", "cpu")  # the dtype whose products are row-invariant
-    runner.prefill(_tokens(20, seed=11))
-    differences = []
-    for n in (2, 4, 9):
-        base = runner.cache_length
-        one_by_one = torch.stack([runner.forward([5 + j])[0] for j in range(n)])  # [n, vocab]
-        runner.rollback(base)
-        differences.append(_max_diff(one_by_one, runner.forward([5 + j for j in range(n)])))
-        runner.rollback(base + 1)
-    assert differences == [0.0] * 3
+
+    def differences() -> list[float]:
+        runner.prefill(_tokens(20, seed=11))
+        found = []
+        for n in (2, 4, 9):
+            base = runner.cache_length
+            one_by_one = torch.stack([runner.forward([5 + j])[0] for j in range(n)])  # [n, vocab]
+            runner.rollback(base)
+            found.append(_max_diff(one_by_one, runner.forward([5 + j for j in range(n)])))
+            runner.rollback(base + 1)
+        return found
+
+    assert differences() == [0.0] * 3
+    monkeypatch.setattr(runner_module, "attention_per_query", all_queries_over_the_last_ones_keys)
+    assert min(differences()) > 0.0

@@ -14,6 +14,11 @@ weights read per token give a second ceiling, bandwidth / bytes, and the share o
 llama.cpp build (`llama_cpp`) and a model that comes from a GGUF file, llama.cpp's own decode speed on
 that file is measured in the same run, after ours.
 
+Given a llama.cpp build and dev prompts, it also reports how closely each native dtype follows llama.cpp on
+the same GGUF: llama-server writes each prompt's greedy continuation (`max_new_tokens` tokens), and each
+runner, fed the prompt and that continuation, predicts every next token; the top-1 agreement is the share of
+positions where its argmax is llama.cpp's token.
+
 With dev prompts it also answers "is speculative decoding with the n-gram drafter faster than
 before the native runtime?": the engine with `ngram` and k auto generates greedily from the same
 prompts on each runner, interleaved (`measure.interleave`); tokens/s is the mean over prompts of new
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from quickdraft.bench import llama_cpp as llama_cpp_bench
 from quickdraft.bench.dataset import Prompt
@@ -40,6 +46,7 @@ from quickdraft.models.base import ModelRunner
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import default_native_dtype, native_runner_for
 from quickdraft.models.store import converted_from, gguf_source, local_model_dir
+from quickdraft.text import encode_prompt
 
 DECODE_PROMPT = 16  # prompt tokens before the decode run
 DECODE_STEPS = 64  # greedy 1-token forwards timed per repeat
@@ -244,6 +251,12 @@ def format_table(summary: dict) -> str:
             f"   (llama-bench on {Path(peer['gguf']).name}, after ours; native default "
             f"{native / peer['tokens_per_second']:.2f}x of it)"
         )
+    if "top1_agreement" in summary.get("llama_cpp", {}):
+        agreement = summary["llama_cpp"]["top1_agreement"]
+        lines.append(
+            f"  greedy top-1 agreement with llama.cpp over {summary['llama_cpp']['agreement_positions']} positions"
+            f" of its dev-prompt continuations: " + ", ".join(f"{d} {a:.1%}" for d, a in agreement.items())
+        )
     lines.append(f"  default native dtype: {summary['default_dtype']}")
     if "ngram_dev" in summary:
         ngram = summary["ngram_dev"]
@@ -279,18 +292,47 @@ def run_runtime_bench(
         results = bench_model(path, repeats, dtypes)
         bandwidth = read_bandwidth()
         ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
-        peer = _llama_cpp_decode(llama_cpp, model, repeats) if llama_cpp is not None else None
+        peer = None
+        if llama_cpp is not None:
+            peer = _llama_cpp(llama_cpp, model, path, repeats, dev_prompts, max_new_tokens, dtypes)
         summary = summary_object(model, results, default, bandwidth, ngram, peer)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
     return summaries
 
 
-def _llama_cpp_decode(bin_dir: Path, model: str, repeats: int) -> dict | None:
-    """llama.cpp's decode tokens/s on the model's GGUF file (None, said on stderr, when it has none)."""
+def _llama_cpp(
+    bin_dir: Path, model: str, path: Path, repeats: int, prompts: Sequence[Prompt], tokens: int, dtypes: Sequence[str]
+) -> dict | None:
+    """llama.cpp's decode tokens/s on the model's GGUF file and, with prompts, each native dtype's top-1
+    agreement with its greedy continuations (None, said on stderr, when the model has no GGUF file)."""
     gguf = gguf_source(model)
     if gguf is None:
         print(f"bench-runtime: {model} does not come from a GGUF file here; llama.cpp not measured", file=sys.stderr)
         return None
-    speed = llama_cpp_bench.decode_tokens_per_second(bin_dir, gguf, torch.get_num_threads(), DECODE_STEPS, repeats)
-    return {"gguf": str(gguf), "tokens_per_second": speed}
+    threads = torch.get_num_threads()
+    speed = llama_cpp_bench.decode_tokens_per_second(bin_dir, gguf, threads, DECODE_STEPS, repeats)
+    peer = {"gguf": str(gguf), "tokens_per_second": speed}
+    if prompts:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        chat = bool(tokenizer.chat_template)
+        encoded = [encode_prompt(tokenizer, p.first_turn, chat, model) for p in prompts]
+        continuations = llama_cpp_bench.greedy_continuations(bin_dir, gguf, encoded, tokens, threads)
+        runners = {d: native_runner_for(path, d, "cpu", converted_from(path)) for d in dtypes}
+        peer["top1_agreement"] = {d: top1_agreement(r, encoded, continuations) for d, r in runners.items()}
+        peer["agreement_positions"] = sum(len(c) for c in continuations)
+    return peer
+
+
+@torch.inference_mode()
+def top1_agreement(runner: ModelRunner, prompts: Sequence[list[int]], continuations: Sequence[list[int]]) -> float:
+    """The share of continuation positions where the runner's argmax, given the prompt and the continuation so
+    far (teacher forcing), is the continuation's next token."""
+    agreeing = total = 0
+    for prompt, continuation in zip(prompts, continuations):
+        first = runner.prefill(prompt).argmax()[None]  # [1]
+        rest = runner.forward(continuation[:-1]).argmax(dim=-1) if len(continuation) > 1 else first[:0]
+        predicted = torch.cat((first, rest))  # [len(continuation)]
+        agreeing += int((predicted == torch.tensor(continuation)).sum())
+        total += len(continuation)
+    return agreeing / total if total else float("nan")

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.dataset import load_prompts, select_prompts
-from quickdraft.bench.llama_cpp import llama_bench
+from quickdraft.bench.llama_cpp import llama_bench, llama_server
 from quickdraft.bench.runtime import run_runtime_bench
 from quickdraft.commands.arguments import add_prompts_argument, comma_list
 from quickdraft.errors import UsageError
@@ -46,7 +46,8 @@ def register(subparsers) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="BIN_DIR",
-        help="a llama.cpp build's bin/ folder: also time its llama-bench decode on each model's GGUF file",
+        help="a llama.cpp build's bin/ folder: also time its llama-bench decode on each model's GGUF file and, "
+        "with --prompts, each native dtype's greedy top-1 agreement with its llama-server continuations",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     parser.set_defaults(func=run)
@@ -59,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category) if args.prompts else []
-    if args.llama_cpp is not None:
-        llama_bench(args.llama_cpp)  # checked before any model loads
+    if args.llama_cpp is not None:  # checked before any model loads
+        llama_bench(args.llama_cpp)
+        if prompts:
+            llama_server(args.llama_cpp)
     run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens, args.llama_cpp)
     return 0

@@ -58,8 +58,8 @@ def register(subparsers) -> None:
         help=(
             "the target's dtype while it writes the training answers (default auto: bfloat16, "
             "the default runtime's activation precision, where the CPU multiplies bfloat16 natively, "
-            "else float32, which is faster there; int8: bfloat16 with the weights rounded as the default "
-            "native runtime rounds them)"
+            "else float32, which is faster there; int8: bfloat16 with the weights rounded as the native "
+            "int8 runtime rounds them)"
         ),
     )
     parser.add_argument("--epochs", type=float, default=4.0, help="passes over the training split (default 4)")

@@ -9,7 +9,7 @@ from quickdraft.distill.vocab import VocabChoice
 WRITER_NUMBERS = {  # AnswerConfig.dtype, in words
     "float32": "float32",
     "bfloat16": "bfloat16",
-    "int8": "bfloat16 with weights rounded to per-row int8, as the default runtime",
+    "int8": "bfloat16 with weights rounded to per-row int8, as the native int8 runtime",
 }
 
 

@@ -20,7 +20,14 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kv_cache import KVCache
-from quickdraft.models.native.layers import attention, block_mask, gated_mlp, key_begin, rms_norm
+from quickdraft.models.native.layers import (
+    attention,
+    attention_per_query,
+    block_mask,
+    gated_mlp,
+    key_begin,
+    rms_norm,
+)
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec
 from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights, RowGroup
@@ -255,11 +262,9 @@ class NativeRunner:
         """Queries [n, H, hd] at positions part.start.. over the cache: [n, H * hd]."""
         scale, start, n = self.spec.attention_scale, part.start, queries.shape[0]
         if part.masks is None:  # each query alone, as the 1-token forward at its position
-            attended = [
-                attention(queries[j : j + 1], *cache.read(i, key_begin(start + j, window), start + j + 1), scale)
-                for j in range(n)
-            ]
-            return torch.cat(attended) if n > 1 else attended[0]
+            begin = key_begin(start, window)
+            spans = [(key_begin(start + j, window) - begin, start + j + 1 - begin) for j in range(n)]
+            return attention_per_query(queries, *cache.read(i, begin, start + n), spans, scale)
         keys, values = cache.read(i, key_begin(start, window), start + n)
         return attention(queries, keys, values, scale, part.masks[window])
 
