@@ -112,6 +112,20 @@ MUTANTS = [
         "accepted = (TARGET,) * verdict.num_accepted",
         ("tests/test_engine.py", "-k", "proposed_it or span_counts"),
     ),
+    Mutant(
+        "verification-query-reads-keys-before-its-window",
+        "quickdraft/models/native/runner.py",
+        "spans = [(key_begin(start + j, window) - begin, start + j + 1 - begin) for j in range(n)]",
+        "spans = [(0, start + j + 1 - begin) for j in range(n)]",
+        ("tests/test_native_runtime.py", "-k", "window or key_count"),
+    ),
+    Mutant(
+        "gguf-zero-without-the-offset",
+        "quickdraft/models/native/gguf_blocks.py",
+        "zeros = self.mins + 8 * self.scales",
+        "zeros = self.mins",
+        ("tests/test_gguf_runtime.py", "-k", "carrier or closer"),
+    ),
 ]
 
 
