@@ -137,6 +137,7 @@ def test_results_carry_provenance_and_costs(ngram_run):
     assert meta["command_line"] and meta["versions"]["torch"] and meta["dataset"]["sha256"]
     assert "commit" in meta["git"] and meta["machine"]["cpu_count"] >= 1
     assert isinstance(meta["runner"], str) and meta["runner"]  # the class that ran the target
+    assert meta["weights"] == {"dense": 9}  # the tiny checkpoint's 2 layers x 4 matrices + output layer
     assert results["verify_cost"]["0"] == 1.0 and set(results["verify_cost"]) == {"0", "1", "2"}
     assert results["cost_context_tokens"] == sorted(p["prompt_tokens"] for p in results["prompts"])[1]
     cost = results["summary"]["costs"]["qd:ngram k=2"]
@@ -148,6 +149,7 @@ def test_report_and_plots_are_written(ngram_run):
     out, results = ngram_run
     report = (out / "report.md").read_text()
     assert "## Overall" in report and "### writing (prompts: 1)" in report and "### coding (prompts: 2)" in report
+    assert "dtype float32 (matrices: dense 9)" in report  # auto beside the hf peers runs float32
     for method in results["methods"]:
         assert f"| {method['name']} |" in report
     assert "predicted (i.i.d.)" in report

@@ -88,7 +88,7 @@ def _header(results: dict) -> str:
             f"{meta['versions']['transformers']}; quickdraft commit {git['commit'] or 'unknown'}"
             f"{' (uncommitted changes)' if git['dirty'] else ''}; "
             f"runtime {config['runtime']} (runner {meta.get('runner', 'not recorded')}), "
-            f"dtype {config.get('run_dtype', config['dtype'])}",
+            f"dtype {config.get('run_dtype', config['dtype'])}{_weight_forms(meta)}",
             f"- run: {meta['started_at']} to {meta['finished_at']}",
             "",
             "Speedup = mean over prompts of tokens/s (new tokens / wall time of the whole generation, prefill "
@@ -193,3 +193,9 @@ def _number(value: float | None, digits: int = 2) -> str:
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
+
+
+def _weight_forms(meta: dict) -> str:
+    """ " (matrices: int4 120, int8 1)" from the run's record of its matrix forms; empty when not recorded."""
+    forms = meta.get("weights") or {}
+    return f" (matrices: {', '.join(f'{form} {count}' for form, count in forms.items())})" if forms else ""

@@ -7,6 +7,7 @@ k is. Every measurement is kept raw; aggregation happens in `summary`.
 
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def run_bench(config: BenchConfig) -> dict:
         machine_at_end=machine_info(),
         chat_template=chat,
         runner=type(target.runner).__name__,
+        weights=dict(Counter(linear.form for linear in target.runner.linear_layers())),  # e.g. {"int4": 120, ...}
     )
     return {
         "meta": meta,

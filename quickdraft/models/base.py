@@ -44,6 +44,7 @@ class MatrixProduct(Protocol):
 
     in_features: int  # columns of the matrix: an input is [rows, in_features]
     nbytes: int  # bytes a product reads (the weight as stored, with its scales and bias)
+    form: str  # how the weight is stored: "dense", "int8" (per row) or "int4" (32-column groups)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] in the runner's dtype -> [rows, out]."""
