@@ -110,10 +110,13 @@ def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], flo
     return decode, forward, matmuls
 
 
-def bench_model(path: Path, repeats: int, native_dtypes: Sequence[str]) -> dict[str, RuntimeResult]:
-    """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved."""
+def bench_model(
+    path: Path, repeats: int, native_dtypes: Sequence[str], gguf: Path | None = None
+) -> dict[str, RuntimeResult]:
+    """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved (`gguf`: the
+    file `path` was converted from, for the gguf dtype)."""
     runners: dict[str, ModelRunner] = {"hf": load_model_dir(path, runtime="hf", dtype="float32").runner}
-    runners.update({f"native_{d}": native_runner_for(path, d, "cpu", converted_from(path)) for d in native_dtypes})
+    runners.update({f"native_{d}": native_runner_for(path, d, "cpu", gguf) for d in native_dtypes})
     vocab = runners[f"native_{native_dtypes[0]}"].info.vocab_size
     tokens = torch.randint(0, vocab, (VERIFY_CONTEXT + 16,), generator=torch.Generator().manual_seed(0)).tolist()
     samples: dict[str, list] = {name: [] for name in runners}
@@ -287,14 +290,15 @@ def run_runtime_bench(
     summaries = []
     for model in models:
         path = local_model_dir(model, progress=False)
-        default = default_native_dtype(converted_from(path) is not None)
+        gguf = converted_from(path)
+        default = default_native_dtype(gguf is not None)
         dtypes = list(dict.fromkeys(["float32", default, *native_dtypes]))
-        results = bench_model(path, repeats, dtypes)
+        results = bench_model(path, repeats, dtypes, gguf)
         bandwidth = read_bandwidth()
         ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
         peer = None
         if llama_cpp is not None:
-            peer = _llama_cpp(llama_cpp, model, path, repeats, dev_prompts, max_new_tokens, dtypes)
+            peer = _llama_cpp(llama_cpp, model, path, gguf, repeats, dev_prompts, max_new_tokens, dtypes)
         summary = summary_object(model, results, default, bandwidth, ngram, peer)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
@@ -302,7 +306,14 @@ def run_runtime_bench(
 
 
 def _llama_cpp(
-    bin_dir: Path, model: str, path: Path, repeats: int, prompts: Sequence[Prompt], tokens: int, dtypes: Sequence[str]
+    bin_dir: Path,
+    model: str,
+    path: Path,
+    converted: Path | None,
+    repeats: int,
+    prompts: Sequence[Prompt],
+    tokens: int,
+    dtypes: Sequence[str],
 ) -> dict | None:
     """llama.cpp's decode tokens/s on the model's GGUF file and, with prompts, each native dtype's top-1
     agreement with its greedy continuations (None, said on stderr, when the model has no GGUF file)."""
@@ -318,7 +329,7 @@ def _llama_cpp(
         chat = bool(tokenizer.chat_template)
         encoded = [encode_prompt(tokenizer, p.first_turn, chat, model) for p in prompts]
         continuations = llama_cpp_bench.greedy_continuations(bin_dir, gguf, encoded, tokens, threads)
-        runners = {d: native_runner_for(path, d, "cpu", converted_from(path)) for d in dtypes}
+        runners = {d: native_runner_for(path, d, "cpu", converted) for d in dtypes}
         peer["top1_agreement"] = {d: top1_agreement(r, encoded, continuations) for d, r in runners.items()}
         peer["agreement_positions"] = sum(len(c) for c in continuations)
     return peer

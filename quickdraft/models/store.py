@@ -26,7 +26,7 @@ from pathlib import Path
 
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.fetch import fetch_gguf, sha256_file, verify_gguf
-from quickdraft.models.registry import BUILTIN_MODELS
+from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel
 
 MARKER = "quickdraft-converted.json"
 _PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth")
@@ -85,7 +85,7 @@ def gguf_source(name_or_path: str) -> Path | None:
     or a local `.gguf` path itself; None for Hugging Face directories and hub ids."""
     model = BUILTIN_MODELS.get(name_or_path)
     if model is not None:
-        path = cache_dir() / "gguf" / model.gguf_filename
+        path = _builtin_gguf(model)
         return path if path.is_file() else None
     path = Path(name_or_path).expanduser()
     return path if path.suffix == ".gguf" and path.is_file() else None
@@ -105,7 +105,7 @@ def converted_from(model_dir: Path) -> Path | None:
     if marker.get("gguf"):
         path = Path(marker["gguf"])
     elif source in BUILTIN_MODELS:
-        path = cache_dir() / "gguf" / BUILTIN_MODELS[source].gguf_filename
+        path = _builtin_gguf(BUILTIN_MODELS[source])
     else:
         path = Path(source).expanduser()
     return path if path.suffix == ".gguf" and path.is_file() else None
@@ -122,7 +122,7 @@ def fetch_builtin(name: str, force: bool = False, progress: bool = True) -> Path
     target = cache_dir() / "models" / name
     if not force and _is_converted(target, model.sha256):
         return target
-    gguf = cache_dir() / "gguf" / model.gguf_filename
+    gguf = _builtin_gguf(model)
     if force or not gguf.is_file():
         fetch_gguf(model, gguf, progress=progress)
     else:
@@ -137,6 +137,11 @@ def list_models() -> list[ModelStatus]:
         ModelStatus(model.name, model.description, _is_converted(root / model.name, model.sha256), root / model.name)
         for model in BUILTIN_MODELS.values()
     ]
+
+
+def _builtin_gguf(model: BuiltinModel) -> Path:
+    """Where a built-in model's GGUF file is (or will be) fetched to."""
+    return cache_dir() / "gguf" / model.gguf_filename
 
 
 def _builtin_names() -> str:

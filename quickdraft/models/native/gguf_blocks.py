@@ -129,12 +129,15 @@ class GgufFile:
         import gguf  # imported on demand: only `--dtype gguf` reads GGUF tensors
 
         self.path = path
-        self._index = _TensorIndex(path)
+        try:
+            self._data = np.memmap(path, dtype=np.uint8, mode="r")  # [file bytes], read as tensors are asked for
+        except (OSError, ValueError) as error:
+            raise ModelError(f"cannot read GGUF file {path}: {error}") from error
+        self._index = _TensorIndex(memoryview(self._data), path)
         arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == self._index.architecture), None)
         if arch is None:
             raise ModelError(f"{path}: unknown GGUF architecture {self._index.architecture!r}")
         self._names = gguf.get_tensor_name_map(arch, num_layers)
-        self._data = np.memmap(path, dtype=np.uint8, mode="r")
 
     def four_bit(self, hf_name: str) -> tuple[str, FourBitBlocks] | None:
         """(the GGUF tensor's name, its blocks) when `hf_name` is stored in a 4-bit format; else None."""
@@ -163,11 +166,8 @@ class _TensorIndex:
     _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
     _STRING, _ARRAY = 8, 9
 
-    def __init__(self, path: Path) -> None:
-        try:
-            self._buffer = path.read_bytes()
-        except OSError as error:
-            raise ModelError(f"cannot read GGUF file {path}: {error.strerror}") from error
+    def __init__(self, buffer: memoryview, path: Path) -> None:
+        self._buffer = buffer  # the whole file, mapped: only the header's pages are read
         self._at = 0
         try:
             if self._take(4) != b"GGUF" or self._unpack("I") < 2:
@@ -190,7 +190,7 @@ class _TensorIndex:
         del self._buffer
 
     def _take(self, n: int) -> bytes:
-        chunk = self._buffer[self._at : self._at + n]
+        chunk = bytes(self._buffer[self._at : self._at + n])
         if len(chunk) != n:
             raise struct.error("unexpected end of file")
         self._at += n

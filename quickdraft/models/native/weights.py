@@ -203,11 +203,14 @@ def load_weights(
     place = lambda t: None if t is None else t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
     matrices = _Matrices(ckpt, place, int8, None if gguf is None else GgufFile(gguf, spec.num_layers))
     embedding = place(ckpt.decoder("embed_tokens.weight"))
-    head_name = ckpt.prefix + "embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"
+    if spec.tie_embeddings and gguf is None:
+        head = Linear(embedding, None, int8)  # the embedding's own tensor (no copy when dense)
+    else:  # a GGUF's blocks are matched against the checkpoint's exact float32 weights, read again
+        head = matrices([ckpt.prefix + "embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"], None, None)
     prompts = prompt_dtype(dtype, device)
     layers = tuple(_layer(ckpt, spec, i, place, matrices, prompts) for i in range(spec.num_layers))
     final_norm = place(ckpt.decoder("norm.weight") + spec.norm_weight_offset)
-    return ModelWeights(embedding, layers, final_norm, matrices([head_name], None, None))
+    return ModelWeights(embedding, layers, final_norm, head)
 
 
 class _Matrices:
@@ -247,7 +250,8 @@ def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, matrices: _Matri
         return place(tensor(suffix) + spec.norm_weight_offset)
 
     qkv_names = [name(f"self_attn.{p}_proj.weight") for p in "qkv"]
-    qkv_bias = _fused_bias([tensor(f"self_attn.{p}_proj.bias", False) for p in "qkv"], qkv_names, ckpt)
+    qkv_rows = (spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim)
+    qkv_bias = _fused_bias([tensor(f"self_attn.{p}_proj.bias", False) for p in "qkv"], qkv_rows)
     qk_norm = None
     if spec.qk_norm:
         rows = (
@@ -269,8 +273,8 @@ def _layer(ckpt: _Checkpoint, spec: DecoderSpec, i: int, place, matrices: _Matri
     )
 
 
-def _fused_bias(biases: list[torch.Tensor | None], names: list[str], ckpt: _Checkpoint) -> torch.Tensor | None:
-    """One bias for the fused q/k/v matmul; zeros stand in for projections without one."""
+def _fused_bias(biases: list[torch.Tensor | None], rows: tuple[int, ...]) -> torch.Tensor | None:
+    """One bias for the fused q/k/v matmul; zeros (of each projection's `rows`) stand in where one has none."""
     if all(b is None for b in biases):
         return None
-    return torch.cat([b if b is not None else torch.zeros(ckpt.get(n).shape[0]) for b, n in zip(biases, names)])
+    return torch.cat([b if b is not None else torch.zeros(n) for b, n in zip(biases, rows)])
