@@ -235,9 +235,9 @@ def calibrate_drafter(drafter: Drafter, target: ModelRunner, tokens: int = 3, be
 
 
 def _target_states(drafter: Drafter, target: ModelRunner, context: list[int]) -> torch.Tensor | None:
-    if not drafter.needs_target_hidden:
+    if not drafter.target_layers:
         return None
-    _, hidden = target.prefill(context[:-1], return_hidden=True)  # [len(context) - 1, d]
+    _, hidden = target.prefill(context[:-1], hidden_layers=drafter.target_layers)  # [len(context) - 1, layers * d]
     return hidden
 
 

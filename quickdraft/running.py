@@ -51,7 +51,9 @@ class RunningRequest:
         self.drafters = drafters  # this request's own instances, by name (`Drafter.fork`)
         self.controller = controller
         self.generator = sampling.make_generator(params.seed, device)
-        self.hidden_readers = [d for d in drafters.values() if d.needs_target_hidden]
+        self.hidden_readers = [d for d in drafters.values() if d.target_layers]
+        # the union of the states they read, in one forward; each reader gets its own columns
+        self.hidden_layers = tuple(sorted({layer for d in self.hidden_readers for layer in d.target_layers}))
         self.stats = GenerationStats(prompt_tokens=len(output.prompt_ids))
         self.events: deque[Event] = deque()
         self.slot: int | None = None
@@ -80,11 +82,10 @@ class RunningRequest:
             end = min(end, len(prompt))
         chunk = tuple(prompt[self.prefilled : end])
         last = end == len(prompt)
-        return SequenceStep(self.slot, chunk, "last" if last else "none", bool(self.hidden_readers))
+        return SequenceStep(self.slot, chunk, "last" if last else "none", self.hidden_layers)
 
     def take_prefill(self, part: SequenceStep, out: SequenceOutput) -> None:
-        for reader in self.hidden_readers:
-            reader.observe_target(out.hidden)
+        self._hand_states(out.hidden)
         self.prefilled += len(part.token_ids)
         if self.prefilling:
             return
@@ -107,14 +108,14 @@ class RunningRequest:
     def decode_part(self, decode: DecodePlan) -> SequenceStep:
         """The pending token and the draft, every row's logits (and states for a drafter that reads them)."""
         token_ids = (self.output.pending, *decode.draft.token_ids)
-        return SequenceStep(self.slot, token_ids, "all", bool(self.hidden_readers))
+        return SequenceStep(self.slot, token_ids, "all", self.hidden_layers)
 
     def take_verification(self, decode: DecodePlan, out: SequenceOutput, committed_length: int) -> int:
         """Verify the draft against the target's rows; returns the slot length to roll back to."""
         verdict = _verify(decode.draft, out.logits, self.params, self.generator)
         self.controller.observe(decode.plan, decode.draft, verdict, decode.draft_seconds)
-        for reader in self.hidden_readers:
-            reader.observe_target(out.hidden[: verdict.num_accepted + 1])  # states of the committed positions
+        if self.hidden_readers:
+            self._hand_states(out.hidden[: verdict.num_accepted + 1])  # states of the committed positions
         self.stats.record_step(len(decode.draft), verdict.num_accepted, decode.plan.drafter or "none")
         accepted = (decode.plan.drafter,) * verdict.num_accepted  # proposed by this step's drafter
         self.output.commit(verdict.tokens, (*accepted, TARGET))
@@ -127,6 +128,18 @@ class RunningRequest:
         self.stats.generated_tokens = len(self.output.generated)
         self.stats.total_seconds = self._clock() - self._submitted
         self.events.append(self.output.finished(self.stats))
+
+    def _hand_states(self, hidden: torch.Tensor | None) -> None:
+        """Each state reader gets its layers' columns of `hidden` [n, len(self.hidden_layers) * d]."""
+        if not self.hidden_readers:
+            return
+        per_layer = hidden.chunk(len(self.hidden_layers), dim=-1)  # each [n, d]
+        for reader in self.hidden_readers:
+            layers = reader.target_layers
+            if layers == self.hidden_layers:
+                reader.observe_target(hidden)
+            else:
+                reader.observe_target(torch.cat([per_layer[self.hidden_layers.index(i)] for i in layers], dim=-1))
 
     def fail(self, error: Exception) -> None:
         self.events.append(Failed(error))

@@ -65,7 +65,8 @@ def main() -> None:
         steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
         by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
         sequence = prompt_ids + list(result.token_ids)
-        _, hidden = target.runner.prefill(sequence, return_hidden=True)  # [T, d]
+        final = (target.config.get_text_config().num_hidden_layers,)  # the final-norm state the head reads
+        _, hidden = target.runner.prefill(sequence, hidden_layers=final)  # [T, d]
         examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
     forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
     print(

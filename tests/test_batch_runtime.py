@@ -35,7 +35,8 @@ def random_step(rng: random.Random, slot: int, length: int) -> SequenceStep:
         n, logits = rng.randint(1, 20), rng.choice(("last", "none"))
     else:
         n, logits = rng.randint(1, 9), "all"
-    return SequenceStep(slot, tuple(rng.randrange(2, VOCAB) for _ in range(n)), logits, rng.random() < 0.3)
+    layers = rng.choice(((), (), (), (1,), (0, 2), (2,), (2, 0, 1)))  # a layer's input, the final state (id 2 here)
+    return SequenceStep(slot, tuple(rng.randrange(2, VOCAB) for _ in range(n)), logits, layers)
 
 
 def batch_differences(batched: BatchRunner, alone: BatchRunner, sequences: int, rounds: int, seed: int) -> list:
@@ -49,7 +50,7 @@ def batch_differences(batched: BatchRunner, alone: BatchRunner, sequences: int, 
         steps = [random_step(rng, b, batched.slot_length(b)) for b, _ in chosen]
         together = batched.forward_batch(steps)
         for (b, a), step, out in zip(chosen, steps, together):
-            (solo,) = alone.forward_batch([SequenceStep(a, step.token_ids, step.logits, step.hidden)])
+            (solo,) = alone.forward_batch([SequenceStep(a, step.token_ids, step.logits, step.hidden_layers)])
             for part in ("logits", "hidden"):
                 x, y = getattr(out, part), getattr(solo, part)
                 if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
@@ -114,7 +115,7 @@ def test_a_prompt_leaves_the_same_cache_however_it_is_cut_at_block_boundaries(mo
         for begin, end in zip(bounds, bounds[1:]):
             neighbour = SequenceStep(other, (3, 4, 5))  # a verification of another sequence in the same forward
             runner.forward_batch([SequenceStep(slot, prompt[begin:end], "last"), neighbour])
-        (out,) = runner.forward_batch([SequenceStep(slot, (7, 8, 9), "all", hidden=True)])
+        (out,) = runner.forward_batch([SequenceStep(slot, (7, 8, 9), "all", hidden_layers=(1, 2))])
         results.append(out)
         runner.close_slot(slot)
         runner.close_slot(other)
@@ -127,10 +128,10 @@ def test_the_batch_one_methods_equal_a_batched_forward(model_dir):
     runner = native_runner_for(model_dir, "int8")
     prompt, draft = tuple(range(2, 30)), (3, 4, 5, 6)
     first = runner.prefill(prompt)
-    logits, hidden = runner.forward(draft, return_hidden=True)
+    logits, hidden = runner.forward(draft, hidden_layers=(0, 2))
     slot = runner.open_slot()
     (prefilled,) = runner.forward_batch([SequenceStep(slot, prompt, "last")])
-    (verified,) = runner.forward_batch([SequenceStep(slot, draft, "all", hidden=True)])
+    (verified,) = runner.forward_batch([SequenceStep(slot, draft, "all", hidden_layers=(0, 2))])
     assert torch.equal(first, prefilled.logits[0]) and prefilled.hidden is None
     assert torch.equal(logits, verified.logits) and torch.equal(hidden, verified.hidden)
     assert runner.slot_length(slot) == runner.cache_length == len(prompt) + len(draft)

@@ -90,7 +90,7 @@ def test_a_plug_in_kind_is_built_by_name_and_inherits_the_capability_defaults(ti
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # the plug-in stays in this test
     register_drafter("repeat", lambda argument, target, options: Repeat(argument), loads_model=False)
     drafter = make_drafter("repeat:2", tiny_models["llama"], DrafterLoadOptions())
-    assert drafter.name == "repeat:2" and not drafter.lookup_only and not drafter.needs_target_hidden
+    assert drafter.name == "repeat:2" and not drafter.lookup_only and not drafter.target_layers
     assert not loads_model("repeat:2") and loads_model("head") and loads_model("some/draft-model")
     with pytest.raises(NotImplementedError, match="reads no target states"):
         drafter.observe_target(torch.zeros(1, 4))

@@ -27,7 +27,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.head.drafter import HeadDrafter
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
-from tests.test_head import random_head
+from tests.test_head import final_layer, random_head
 
 NEW_TOKENS = 40
 MIN_TOP2_GAP = 1e-3  # float32 runners agree to ~1e-5 on these models; a smaller gap would be a coin toss
@@ -88,7 +88,9 @@ def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
             draft = load_model_dir(path, runtime="hf")
             engine.add_drafter(name, DraftModelDrafter(draft.runner, target.info.vocab_size, name))
         if name == "head":
-            engine.add_drafter(name, HeadDrafter(random_head(target), target.info.vocab_size, name))
+            engine.add_drafter(
+                name, HeadDrafter(random_head(target), target.info.vocab_size, name, final_layer(target))
+            )
     return engine
 
 

@@ -126,8 +126,9 @@ def test_the_gguf_dtype_follows_the_exact_float32_weights_closer_than_int8_does(
 
     def final_states(dtype: str) -> torch.Tensor:  # [n, d] of a prompt block, then of verification rows
         runner = native_runner_for(model_dir, dtype, gguf=path)
-        _, prompt = runner.prefill(PROMPT[:4], return_hidden=True)
-        _, verified = runner.forward(PROMPT[4:], return_hidden=True)
+        final = runner.spec.num_layers  # the final-norm state
+        _, prompt = runner.prefill(PROMPT[:4], hidden_layers=(final,))
+        _, verified = runner.forward(PROMPT[4:], hidden_layers=(final,))
         return torch.cat((prompt, verified))
 
     exact = final_states("float32")

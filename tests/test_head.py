@@ -39,9 +39,19 @@ def random_head(target, vocab_ids=None, seed=0, int8=False):
     return quantize_head(head) if int8 else head.eval()
 
 
+def final_layer(target):
+    """The id of the target's final-norm state, the one the head reads."""
+    return (target.config.get_text_config().num_hidden_layers,)
+
+
+def final_states(target, prompt):
+    """(logits [vocab], final-norm states [len(prompt), d]) of a prefill."""
+    return target.runner.prefill(prompt, hidden_layers=final_layer(target))
+
+
 def head_engine(target, head, k):
     engine = Engine(target, SpecConfig(drafter="head-test", k=k))
-    engine._drafters["head-test"] = HeadDrafter(head, target.info.vocab_size, "head-test")
+    engine._drafters["head-test"] = HeadDrafter(head, target.info.vocab_size, "head-test", final_layer(target))
     return engine
 
 
@@ -103,7 +113,7 @@ def test_adaptive_controller_with_head_and_ngram_keeps_greedy_output(tiny_models
     costs = ControllerMemory(TargetCost([1.0] * 9))
     costs.add_draft_cost("head-test", DraftCost(0.01))
     engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"), costs=costs)
-    engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test"))
+    engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test", final_layer(target)))
     baseline = Engine(target, SpecConfig(drafter="none"))
     head_steps = 0
     for prompt in PROMPTS:
@@ -120,9 +130,9 @@ def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_
     target = tiny_models["llama"]
     vocab_ids = torch.randperm(target.info.vocab_size, generator=torch.Generator().manual_seed(0))[:150]
     head = random_head(target, vocab_ids)
-    drafter = HeadDrafter(head, target.info.vocab_size, "h")
+    drafter = HeadDrafter(head, target.info.vocab_size, "h", final_layer(target))
     prompt = Engine(target).encode("Once upon a time")
-    logits, hidden = target.runner.prefill(prompt, return_hidden=True)  # [vocab], [prompt, d]
+    logits, hidden = final_states(target, prompt)  # [vocab], [prompt, d]
     context = prompt + [int(logits.argmax())]
     drafter.begin(prompt, SamplingParams(), torch.Generator())
     drafter.observe_target(hidden)
@@ -140,9 +150,9 @@ def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_
 def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models):
     target = tiny_models["llama"]
     vocab_ids = torch.arange(10, 200)
-    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h")
+    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h", final_layer(target))
     prompt = Engine(target).encode("Once upon a time")
-    logits, hidden = target.runner.prefill(prompt, return_hidden=True)
+    logits, hidden = final_states(target, prompt)
     generator = torch.Generator().manual_seed(0)
     drafter.begin(prompt, SamplingParams(temperature=1.0), generator)
     drafter.observe_target(hidden)
@@ -197,10 +207,10 @@ def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_mode
     """End to end at one position: head proposals (reduced vocabulary, sampled) + rejection sampling ~ target."""
     target = tiny_models["llama"]
     vocab_ids = torch.arange(0, target.info.vocab_size, 2)
-    drafter = HeadDrafter(random_head(target, vocab_ids, int8=int8), target.info.vocab_size, "h")
+    drafter = HeadDrafter(random_head(target, vocab_ids, int8=int8), target.info.vocab_size, "h", final_layer(target))
     params = SamplingParams(temperature=0.7, top_k=12)
     prompt = Engine(target).encode("Once upon a time")
-    logits, hidden = target.runner.prefill(prompt, return_hidden=True)
+    logits, hidden = final_states(target, prompt)
     pending = int(logits.argmax())
     target_probs = sampling.warp(target.runner.forward([pending])[-1:], params)[0]  # [vocab] after the pending token
     generator = torch.Generator().manual_seed(3)

@@ -209,20 +209,27 @@ def test_rollback_then_new_tokens_equals_fresh_run(tiny, keep):
     assert _max_diff(logits, _reference(model, first[:keep] + replacement)[keep + 2 : keep + 4]) <= FP32_TOL
 
 
-def test_return_hidden_is_the_final_norm_state_like_transformers(tiny):
+def test_hidden_layers_are_the_states_transformers_numbers_so(tiny):
+    """Id i is what decoder layer i reads (0: the embeddings), id num_layers the final-norm state; asked ids come
+    back concatenated in the order given, for every position, from the same forward."""
     path, model = tiny
     runner = native_runner_for(path, "float32", "cpu")
     ids = _tokens(12, seed=4)
     with torch.inference_mode():
         out = model(torch.tensor([ids]), output_hidden_states=True)
-    logits, hidden = runner.prefill(ids[:8], return_hidden=True)
-    assert logits.shape == (VOCAB,) and hidden.shape == (8, 64) and hidden.dtype == torch.float32
-    step_logits, step_hidden = runner.forward(ids[8:], return_hidden=True)
-    assert step_hidden.shape == (4, 64)
-    assert (
-        _max_diff(torch.cat((hidden, step_hidden)), out.hidden_states[-1][0]) <= FP32_TOL
-    )  # post-norm, as transformers
+    last = model.config.num_hidden_layers
+    layers = (last, 0, 1, last - 1)
+    logits, hidden = runner.prefill(ids[:8], hidden_layers=layers)
+    assert logits.shape == (VOCAB,) and hidden.shape == (8, 64 * len(layers)) and hidden.dtype == torch.float32
+    step_logits, step_hidden = runner.forward(ids[8:], hidden_layers=layers)
+    assert step_hidden.shape == (4, 64 * len(layers))
+    expected = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # [12, 4 * 64]
+    assert _max_diff(torch.cat((hidden, step_hidden)), expected) <= FP32_TOL
     assert _max_diff(step_logits, out.logits[0, 8:]) <= FP32_TOL
+    runner.rollback(8)
+    assert torch.equal(runner.forward(ids[8:]), step_logits)  # asking for states changes nothing else
+    with pytest.raises(InternalError, match="hidden layer ids"):
+        runner.forward(ids[:1], hidden_layers=(last + 1,))
 
 
 def test_embedding_matrices_match_the_checkpoint(tiny):

@@ -55,15 +55,15 @@ class RecordedTarget:
     def cache_length(self) -> int:
         return self._length
 
-    def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
+    def prefill(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()) -> torch.Tensor:
         """The prompt's last row; free (the replay prices decode steps only)."""
-        _no_states(return_hidden)
+        _no_states(hidden_layers)
         self._length = 0
         return self._rows(token_ids)[-1]
 
-    def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False) -> torch.Tensor:
+    def forward(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()) -> torch.Tensor:
         """One-hot rows [n, vocab] at the recorded tokens after positions cache_length..; costs t(n)."""
-        _no_states(return_hidden)
+        _no_states(hidden_layers)
         self._clock.advance(self._cost.seconds(len(token_ids)))
         return self._rows(token_ids)
 
@@ -89,8 +89,8 @@ class RecordedTarget:
         return []
 
 
-def _no_states(return_hidden: bool) -> None:
-    if return_hidden:
+def _no_states(hidden_layers: Sequence[int]) -> None:
+    if hidden_layers:
         raise InternalError("a recorded target has no hidden states; replay drafters that read none")
 
 

@@ -79,7 +79,8 @@ def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
     """c: median head drafting step time / median one-token target forward time (interleaved)."""
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
-    _, hidden = runner.prefill(context, return_hidden=True)  # [COST_CONTEXT, d]
+    final = (target.config.get_text_config().num_hidden_layers,)  # the final-norm state the head reads
+    _, hidden = runner.prefill(context, hidden_layers=final)  # [COST_CONTEXT, d]
     cache = HeadCache()
     head.step(hidden[:-1], torch.tensor(context[1:]), cache)
     state, token = hidden[-1:], torch.tensor([context[0]])

@@ -14,12 +14,13 @@ Two capabilities have defaults that a drafter subclassing `Drafter` inherits and
 - `lookup_only` (default False): proposing costs a lookup, not a model forward (n-gram). The
   adaptive controller then asks it for k_max tokens before deciding, and cuts the proposal to
   the k it chooses; it never times such a drafter.
-- `needs_target_hidden` (default False) with `observe_target(hidden)`: the drafter reads the
-  target's hidden states (the `head` drafter). The engine then asks the target for its states
-  and passes, after the prefill, the states of every prompt position, and after each
-  verification, the states of the positions that were committed (the pending token and the
-  accepted draft tokens): `hidden` [n, hidden] holds the next n committed positions, in order.
-  Other drafters cost nothing: the engine only requests states when the flag is set.
+- `target_layers` (default empty) with `observe_target(hidden)`: the drafter reads these states
+  of the target (layer ids as in `models/base.py`: id i is what decoder layer i reads; the `head`
+  drafter reads three). The engine then asks the target's forwards for them and passes, after the
+  prefill, the states of every prompt position, and after each verification, the states of the
+  positions that were committed (the pending token and the accepted draft tokens): `hidden`
+  [n, len(target_layers) * hidden] holds the next n committed positions, in order. Other drafters
+  cost nothing: the engine only requests states a drafter names.
 """
 
 import copy
@@ -54,7 +55,7 @@ class Drafter(Protocol):
 
     name: str
     lookup_only: bool = False  # proposing costs a lookup, not a model forward
-    needs_target_hidden: bool = False  # the engine passes the target's states to `observe_target`
+    target_layers: tuple[int, ...] = ()  # the target's states the engine passes to `observe_target`
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         """Start a new request; `generator` is the request's RNG for any sampling the drafter does."""
@@ -65,8 +66,9 @@ class Drafter(Protocol):
         ...
 
     def observe_target(self, hidden: torch.Tensor) -> None:
-        """The target's states [n, hidden] at the next n committed positions (only if `needs_target_hidden`)."""
-        raise NotImplementedError(f"{type(self).__name__} reads no target states; it must not set needs_target_hidden")
+        """The target's states [n, len(target_layers) * hidden] at the next n committed positions (only when
+        `target_layers` names some)."""
+        raise NotImplementedError(f"{type(self).__name__} reads no target states; it must not set target_layers")
 
     def fork(self) -> "Drafter":
         """A drafter with this one's weights and request state of its own: the engine drafts each running

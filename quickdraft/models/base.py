@@ -12,13 +12,15 @@ or a pending token and its draft) and gets back the rows it asked for. The promi
 request's output independent of what else runs: every row a sequence gets from a batched forward
 is bit-identical to what the same tokens give in a forward of that sequence alone.
 
-Hidden states, for drafters that read the target's own states (the `head` drafter): with
-`return_hidden=True`, `prefill` returns `(logits [vocab], hidden [len(token_ids), hidden_size])`
-and `forward` returns `(logits [n, vocab], hidden [n, hidden_size])`. `hidden[i]` is the final
-hidden state at input position i *after the final norm*: exactly the vector the output layer
-multiplies to produce that position's logits (for Llama and Gemma, the output of `model.norm`).
-Prefill returns it for every prompt position, though it computes logits only for the last.
-It comes from the same forward pass, never an extra one; without the keyword nothing changes.
+Hidden states, for drafters that read the target's own states (the `head` drafter), come from the
+same forward pass, never an extra one. With `hidden_layers=(i, j, ...)`, `prefill` returns
+`(logits [vocab], hidden [len(token_ids), len(layers) * hidden_size])` and `forward` returns
+`(logits [n, vocab], hidden [n, len(layers) * hidden_size])`: for each layer id in the order given,
+the state at every input position, concatenated. The ids number states as transformers'
+`output_hidden_states` does: id i < num_layers is the residual stream entering decoder layer i
+(id 0: the embeddings as the first layer reads them), id num_layers the final state after the final
+norm (exactly the vector the output layer multiplies). Prefill returns them for every prompt
+position, though it computes logits only for the last; with no ids nothing changes.
 """
 
 from collections.abc import Sequence
@@ -65,17 +67,17 @@ class ModelRunner(Protocol):
         ...
 
     def prefill(
-        self, token_ids: Sequence[int], *, return_hidden: bool = False
+        self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Reset the cache, run the prompt; the logits of its last position [vocab] float32 (and the states of
-        every prompt position [len(token_ids), hidden_size] with `return_hidden`)."""
+        """Reset the cache, run the prompt; the logits of its last position [vocab] float32 (and, with
+        `hidden_layers`, the states of every prompt position [len(token_ids), len(layers) * hidden_size])."""
         ...
 
     def forward(
-        self, token_ids: Sequence[int], *, return_hidden: bool = False
+        self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Append tokens at positions cache_length..; their logits [len(token_ids), vocab] float32 (and their
-        states [len(token_ids), hidden_size] with `return_hidden`)."""
+        """Append tokens at positions cache_length..; their logits [len(token_ids), vocab] float32 (and, with
+        `hidden_layers`, their states [len(token_ids), len(layers) * hidden_size])."""
         ...
 
     def rollback(self, length: int) -> None:
@@ -107,7 +109,7 @@ class SequenceStep:
     slot: int  # the sequence's KV cache slot
     token_ids: tuple[int, ...]  # new tokens, at positions slot_length(slot)..
     logits: Literal["all", "last", "none"] = "all"  # which rows' logits come back (a prefill chunk: last or none)
-    hidden: bool = False  # also return the states of every new position (for a drafter that reads them)
+    hidden_layers: tuple[int, ...] = ()  # also return these states of every new position (ids as in `prefill`)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class SequenceOutput:
     """What one sequence gets back from a batched forward."""
 
     logits: torch.Tensor | None  # [len(token_ids), vocab] ("all"), [1, vocab] ("last") or None; float32
-    hidden: torch.Tensor | None  # [len(token_ids), hidden_size] float32, when asked
+    hidden: torch.Tensor | None  # [len(token_ids), len(hidden_layers) * hidden_size] float32, when asked
 
 
 @runtime_checkable

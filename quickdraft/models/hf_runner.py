@@ -31,15 +31,15 @@ class HFRunner:
         return self._cache.get_seq_length()
 
     @torch.inference_mode()
-    def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False):
+    def prefill(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()):
         self._cache = DynamicCache()
-        logits, hidden = self._run(token_ids, logits_to_keep=1, return_hidden=return_hidden)
-        return (logits[-1], hidden) if return_hidden else logits[-1]
+        logits, hidden = self._run(token_ids, logits_to_keep=1, hidden_layers=tuple(hidden_layers))
+        return (logits[-1], hidden) if hidden_layers else logits[-1]
 
     @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False):
-        logits, hidden = self._run(token_ids, logits_to_keep=0, return_hidden=return_hidden)
-        return (logits, hidden) if return_hidden else logits
+    def forward(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()):
+        logits, hidden = self._run(token_ids, logits_to_keep=0, hidden_layers=tuple(hidden_layers))
+        return (logits, hidden) if hidden_layers else logits
 
     def embedding_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(token embeddings [vocab, hidden], output layer [vocab, hidden]) as stored (no embedding scale)."""
@@ -56,7 +56,7 @@ class HFRunner:
         if surplus:
             self._cache.crop(-surplus)
 
-    def _run(self, token_ids: Sequence[int], logits_to_keep: int, return_hidden: bool):
+    def _run(self, token_ids: Sequence[int], logits_to_keep: int, hidden_layers: tuple[int, ...]):
         start = self.cache_length
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)  # [1, n]
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device)  # [n]
@@ -66,8 +66,10 @@ class HFRunner:
             use_cache=True,
             position_ids=positions[None],
             logits_to_keep=logits_to_keep,
-            output_hidden_states=return_hidden,
+            output_hidden_states=bool(hidden_layers),
         )
         logits = out.logits[0].float()  # [n or 1, vocab]
-        hidden = out.hidden_states[-1][0] if return_hidden else None  # [n, hidden]
-        return logits, hidden
+        if not hidden_layers:
+            return logits, None
+        states = out.hidden_states  # num_layers + 1 of [1, n, hidden]: what each layer reads, then the final norm's
+        return logits, torch.cat([states[layer][0] for layer in hidden_layers], dim=-1).float()  # [n, layers * hidden]

@@ -43,11 +43,11 @@ class SingleSlot:
             raise InternalError(f"{type(self.runner).__name__} runs one sequence per forward, got {len(steps)}")
         (step,) = steps
         if self.runner.cache_length == 0 and step.logits != "all":  # a prompt's first chunk
-            out = self.runner.prefill(step.token_ids, return_hidden=step.hidden)
-            logits, hidden = out if step.hidden else (out, None)
+            out = self.runner.prefill(step.token_ids, hidden_layers=step.hidden_layers)
+            logits, hidden = out if step.hidden_layers else (out, None)
             return [SequenceOutput(None if step.logits == "none" else logits[None], hidden)]
-        out = self.runner.forward(step.token_ids, return_hidden=step.hidden)
-        logits, hidden = out if step.hidden else (out, None)
+        out = self.runner.forward(step.token_ids, hidden_layers=step.hidden_layers)
+        logits, hidden = out if step.hidden_layers else (out, None)
         rows = {"all": logits, "last": logits[-1:], "none": None}[step.logits]
         return [SequenceOutput(rows, hidden)]
 

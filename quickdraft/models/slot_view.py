@@ -19,16 +19,17 @@ class SlotView:
     def cache_length(self) -> int:
         return self.runner.slot_length(self.slot)
 
-    def prefill(self, token_ids: Sequence[int], *, return_hidden: bool = False):
+    def prefill(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()):
         self.runner.rollback_slot(self.slot, 0)
-        (out,) = self.runner.forward_batch([SequenceStep(self.slot, tuple(token_ids), "last", return_hidden)])
-        return (out.logits[0], out.hidden) if return_hidden else out.logits[0]
+        step = SequenceStep(self.slot, tuple(token_ids), "last", tuple(hidden_layers))
+        (out,) = self.runner.forward_batch([step])
+        return (out.logits[0], out.hidden) if hidden_layers else out.logits[0]
 
-    def forward(self, token_ids: Sequence[int], *, return_hidden: bool = False):
+    def forward(self, token_ids: Sequence[int], *, hidden_layers: Sequence[int] = ()):
         if not token_ids:
             raise InternalError("forward needs at least one token")
-        (out,) = self.runner.forward_batch([SequenceStep(self.slot, tuple(token_ids), "all", return_hidden)])
-        return (out.logits, out.hidden) if return_hidden else out.logits
+        (out,) = self.runner.forward_batch([SequenceStep(self.slot, tuple(token_ids), "all", tuple(hidden_layers))])
+        return (out.logits, out.hidden) if hidden_layers else out.logits
 
     def rollback(self, length: int) -> None:
         self.runner.rollback_slot(self.slot, length)

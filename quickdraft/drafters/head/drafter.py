@@ -1,6 +1,7 @@
 """`head:DIR`: drafting with a head that reads the target's own hidden states (EAGLE-style).
 
-The engine hands this drafter the target's post-norm state of every committed position
+The engine hands this drafter the target's final-norm state (layer id num_layers, see
+`models/base.py`) of every committed position
 (`observe_target`, after the prefill and after each verification). With f_t the state at
 position t and x the committed tokens, the head's cache holds the pairs (f_t, x_{t+1}) computed
 from true states; `propose` first feeds the pairs it has not seen, whose last output predicts
@@ -32,10 +33,10 @@ SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "heads"  # quickdraft/head
 
 
 class HeadDrafter(Drafter):
-    needs_target_hidden = True  # the engine passes the target's states to observe_target
-
-    def __init__(self, head: DraftHead, target_vocab_size: int, name: str) -> None:
+    def __init__(self, head: DraftHead, target_vocab_size: int, name: str, target_layers: tuple[int, ...]) -> None:
+        """`target_layers`: (the target's num_layers,), the id of its final-norm state, which the head reads."""
         self.head = head
+        self.target_layers = target_layers  # the engine passes these states to observe_target
         self.vocab_ids = head.vocab_ids  # [draft_vocab] target id of each draft logit
         self.target_vocab_size = target_vocab_size
         self.name = name
@@ -52,7 +53,8 @@ class HeadDrafter(Drafter):
         """`head` (the head shipped for the target), `head:NAME` (a shipped head) or `head:DIR`."""
         directory = head_directory(argument, target.info.name)
         head = quantize_head(load_head(directory, target).to(target.runner.device))
-        return cls(head, target.info.vocab_size, name=f"head:{directory}")
+        final = (target.config.get_text_config().num_hidden_layers,)
+        return cls(head, target.info.vocab_size, name=f"head:{directory}", target_layers=final)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         self._params = params

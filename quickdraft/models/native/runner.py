@@ -87,25 +87,27 @@ class NativeRunner:
     def cache_length(self) -> int:
         return self._slots[OWN_SLOT].length
 
-    def prefill(self, token_ids: Sequence[int], return_hidden: bool = False):
-        """Reset the cache, run the prompt in chunks; logits [vocab] of its last position (and hidden [n, d])."""
+    def prefill(self, token_ids: Sequence[int], hidden_layers: Sequence[int] = ()):
+        """Reset the cache, run the prompt in chunks; logits [vocab] of its last position (and hidden
+        [n, len(hidden_layers) * d])."""
         if not token_ids:
             raise InternalError("prefill needs at least one token")
         self.rollback(0)
-        hidden_chunks = []
+        layers, hidden_chunks = tuple(hidden_layers), []
         for begin in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = tuple(token_ids[begin : begin + PREFILL_CHUNK])
             last = begin + PREFILL_CHUNK >= len(token_ids)
-            (out,) = self.forward_batch([SequenceStep(OWN_SLOT, chunk, "last" if last else "none", return_hidden)])
+            (out,) = self.forward_batch([SequenceStep(OWN_SLOT, chunk, "last" if last else "none", layers)])
             hidden_chunks.append(out.hidden)
-        return (out.logits[0], torch.cat(hidden_chunks)) if return_hidden else out.logits[0]
+        return (out.logits[0], torch.cat(hidden_chunks)) if layers else out.logits[0]
 
-    def forward(self, token_ids: Sequence[int], return_hidden: bool = False):
-        """Append tokens at positions cache_length..; logits [n, vocab] float32 (and hidden [n, d])."""
+    def forward(self, token_ids: Sequence[int], hidden_layers: Sequence[int] = ()):
+        """Append tokens at positions cache_length..; logits [n, vocab] float32 (and hidden [n, len(layers) * d])."""
         if not token_ids:
             raise InternalError("forward needs at least one token")
-        (out,) = self.forward_batch([SequenceStep(OWN_SLOT, tuple(token_ids), "all", return_hidden)])
-        return (out.logits, out.hidden) if return_hidden else out.logits
+        layers = tuple(hidden_layers)
+        (out,) = self.forward_batch([SequenceStep(OWN_SLOT, tuple(token_ids), "all", layers)])
+        return (out.logits, out.hidden) if layers else out.logits
 
     def rollback(self, length: int) -> None:
         self._slots[OWN_SLOT].rollback(length)
@@ -155,12 +157,23 @@ class NativeRunner:
         positions = positions.to(self.device)
         rope = {key: (table.cos[positions], table.sin_signed[positions]) for key, table in self._rope.items()}
         groups = tuple(group for sequence in sequences for group in sequence.row_groups())
+        wanted = self._check_layers(steps)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
+        entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
         for i, layer in enumerate(self._weights.layers):
+            if i in wanted:
+                entering[i] = x
             x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]])
         for sequence, n in zip(sequences, lengths):
             sequence.cache.length = sequence.start + n
-        return self._outputs(steps, sequences, x)
+        return self._outputs(steps, sequences, x, entering)
+
+    def _check_layers(self, steps: Sequence[SequenceStep]) -> set[int]:
+        """Every layer id some step asks the states of (0..num_layers, see `models/base.py`)."""
+        wanted = {layer for step in steps for layer in step.hidden_layers}
+        if any(not 0 <= layer <= self.spec.num_layers for layer in wanted):
+            raise InternalError(f"hidden layer ids must lie in 0..{self.spec.num_layers}, got {sorted(wanted)}")
+        return wanted
 
     def _sequences(self, steps: Sequence[SequenceStep]) -> list[_Sequence]:
         """Reserve cache room for every step and describe its rows and attention windows."""
@@ -195,13 +208,20 @@ class NativeRunner:
         )
 
     def _outputs(
-        self, steps: Sequence[SequenceStep], sequences: list[_Sequence], x: torch.Tensor
+        self,
+        steps: Sequence[SequenceStep],
+        sequences: list[_Sequence],
+        x: torch.Tensor,
+        entering: dict[int, torch.Tensor],
     ) -> list[SequenceOutput]:
-        """Final norm over the rows anyone asked for, one output-layer product over the logit rows."""
+        """Final norm over the rows anyone asked for, one output-layer product over the logit rows; each step's
+        asked states (`entering`: the residual stream entering each asked layer, all rows)."""
         wanted = [self._rows_out(step, seq.rows) for step, seq in zip(steps, sequences)]  # (states, logit rows)
         state_rows = [rows for rows, _ in wanted]
-        if not any(len(rows) for rows in state_rows):  # prefill chunks that are not a prompt's last
-            return [SequenceOutput(None, None) for _ in steps]
+        if not any(len(rows) for rows in state_rows):  # no logits and no final states asked
+            return [
+                SequenceOutput(None, self._hidden(step, seq, None, entering)) for step, seq in zip(steps, sequences)
+            ]
         normed = rms_norm(x[torch.cat(state_rows)], self._weights.final_norm, self.spec.rms_norm_eps)  # [M, d]
         per_sequence = normed.split([len(rows) for rows in state_rows])
         logit_inputs = [states[-len(rows) :] for states, (_, rows) in zip(per_sequence, wanted) if rows]
@@ -210,16 +230,26 @@ class NativeRunner:
         logit_groups = tuple(RowGroup(slice(a, b), prompt_block=False) for a, b in zip(bounds, bounds[1:]))
         logits = self._logits(torch.cat(logit_inputs), logit_groups).split(logit_lengths) if logit_lengths else ()
         outputs, next_logits = [], iter(logits)
-        for step, states, (_, rows) in zip(steps, per_sequence, wanted):
-            hidden = states.float() if step.hidden else None
-            outputs.append(SequenceOutput(next(next_logits) if rows else None, hidden))
+        for step, seq, states, (_, rows) in zip(steps, sequences, per_sequence, wanted):
+            logits = next(next_logits) if rows else None
+            outputs.append(SequenceOutput(logits, self._hidden(step, seq, states, entering)))
         return outputs
+
+    def _hidden(
+        self, step: SequenceStep, seq: _Sequence, final: torch.Tensor | None, entering: dict[int, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """The step's asked states [n, len(hidden_layers) * d] float32 (`final`: its final-norm rows, all of them
+        when it asked for id num_layers), or None."""
+        if not step.hidden_layers:
+            return None
+        parts = [final if layer == self.spec.num_layers else entering[layer][seq.rows] for layer in step.hidden_layers]
+        return torch.cat(parts, dim=-1).float()
 
     def _rows_out(self, step: SequenceStep, rows: slice) -> tuple[torch.Tensor, range]:
         """(the stacked rows whose final states are needed [m], the last of them that also need logits)."""
         n = rows.stop - rows.start
         logit_rows = {"all": range(n), "last": range(n - 1, n), "none": range(0)}[step.logits]
-        first = 0 if step.hidden else (logit_rows.start if logit_rows else n)
+        first = 0 if self.spec.num_layers in step.hidden_layers else (logit_rows.start if logit_rows else n)
         return torch.arange(rows.start + first, rows.stop, device=self.device), logit_rows
 
     def _layer(
