@@ -114,8 +114,7 @@ class RunningRequest:
         """Verify the draft against the target's rows; returns the slot length to roll back to."""
         verdict = _verify(decode.draft, out.logits, self.params, self.generator)
         self.controller.observe(decode.plan, decode.draft, verdict, decode.draft_seconds)
-        if self.hidden_readers:
-            self._hand_states(out.hidden[: verdict.num_accepted + 1])  # states of the committed positions
+        self._hand_states(out.hidden, verdict.num_accepted + 1)  # the states of the committed positions
         self.stats.record_step(len(decode.draft), verdict.num_accepted, decode.plan.drafter or "none")
         accepted = (decode.plan.drafter,) * verdict.num_accepted  # proposed by this step's drafter
         self.output.commit(verdict.tokens, (*accepted, TARGET))
@@ -129,17 +128,14 @@ class RunningRequest:
         self.stats.total_seconds = self._clock() - self._submitted
         self.events.append(self.output.finished(self.stats))
 
-    def _hand_states(self, hidden: torch.Tensor | None) -> None:
-        """Each state reader gets its layers' columns of `hidden` [n, len(self.hidden_layers) * d]."""
+    def _hand_states(self, hidden: torch.Tensor | None, rows: int | None = None) -> None:
+        """Each state reader gets its layers' columns of the first `rows` rows (default all) of `hidden`
+        [n, len(self.hidden_layers) * d]."""
         if not self.hidden_readers:
             return
-        per_layer = hidden.chunk(len(self.hidden_layers), dim=-1)  # each [n, d]
+        per_layer = hidden[:rows].chunk(len(self.hidden_layers), dim=-1)  # each [rows, d]
         for reader in self.hidden_readers:
-            layers = reader.target_layers
-            if layers == self.hidden_layers:
-                reader.observe_target(hidden)
-            else:
-                reader.observe_target(torch.cat([per_layer[self.hidden_layers.index(i)] for i in layers], dim=-1))
+            reader.observe_target(torch.cat([per_layer[self.hidden_layers.index(i)] for i in reader.target_layers], -1))
 
     def fail(self, error: Exception) -> None:
         self.events.append(Failed(error))

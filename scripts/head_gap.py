@@ -21,7 +21,7 @@ from quickdraft.config import DTYPES, SamplingParams, SpecConfig
 from quickdraft.distill import evaluation
 from quickdraft.distill.prompts import load_training_prompts
 from quickdraft.distill.train import TrainConfig, evaluate, make_example
-from quickdraft.drafters.head.drafter import head_directory
+from quickdraft.drafters.head.drafter import head_directory, state_layers
 from quickdraft.drafters.head.files import load_head
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model
@@ -65,8 +65,7 @@ def main() -> None:
         steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
         by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
         sequence = prompt_ids + list(result.token_ids)
-        final = (target.config.get_text_config().num_hidden_layers,)  # the final-norm state the head reads
-        _, hidden = target.runner.prefill(sequence, hidden_layers=final)  # [T, d]
+        _, hidden = target.runner.prefill(sequence, hidden_layers=state_layers(target))  # [T, d]
         examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
     forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
     print(

@@ -24,10 +24,10 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.head.drafter import HeadDrafter
+from quickdraft.drafters.head.drafter import HeadDrafter, state_layers
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
-from tests.test_head import final_layer, random_head
+from tests.test_head import random_head
 
 NEW_TOKENS = 40
 MIN_TOP2_GAP = 1e-3  # float32 runners agree to ~1e-5 on these models; a smaller gap would be a coin toss
@@ -89,7 +89,7 @@ def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
             engine.add_drafter(name, DraftModelDrafter(draft.runner, target.info.vocab_size, name))
         if name == "head":
             engine.add_drafter(
-                name, HeadDrafter(random_head(target), target.info.vocab_size, name, final_layer(target))
+                name, HeadDrafter(random_head(target), target.info.vocab_size, name, state_layers(target))
             )
     return engine
 

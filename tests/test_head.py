@@ -15,7 +15,7 @@ from quickdraft.controller import ControllerMemory
 from quickdraft.costs import DraftCost, TargetCost
 from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.head import drafter as head_drafters
-from quickdraft.drafters.head.drafter import HeadDrafter
+from quickdraft.drafters.head.drafter import HeadDrafter, state_layers
 from quickdraft.drafters.head.files import build_head, load_head, save_head
 from quickdraft.drafters.head.identity import target_identity
 from quickdraft.drafters.head.model import HeadCache, HeadConfig
@@ -39,19 +39,14 @@ def random_head(target, vocab_ids=None, seed=0, int8=False):
     return quantize_head(head) if int8 else head.eval()
 
 
-def final_layer(target):
-    """The id of the target's final-norm state, the one the head reads."""
-    return (target.config.get_text_config().num_hidden_layers,)
-
-
 def final_states(target, prompt):
     """(logits [vocab], final-norm states [len(prompt), d]) of a prefill."""
-    return target.runner.prefill(prompt, hidden_layers=final_layer(target))
+    return target.runner.prefill(prompt, hidden_layers=state_layers(target))
 
 
 def head_engine(target, head, k):
     engine = Engine(target, SpecConfig(drafter="head-test", k=k))
-    engine._drafters["head-test"] = HeadDrafter(head, target.info.vocab_size, "head-test", final_layer(target))
+    engine._drafters["head-test"] = HeadDrafter(head, target.info.vocab_size, "head-test", state_layers(target))
     return engine
 
 
@@ -113,7 +108,7 @@ def test_adaptive_controller_with_head_and_ngram_keeps_greedy_output(tiny_models
     costs = ControllerMemory(TargetCost([1.0] * 9))
     costs.add_draft_cost("head-test", DraftCost(0.01))
     engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"), costs=costs)
-    engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test", final_layer(target)))
+    engine.add_drafter("head-test", HeadDrafter(head, target.info.vocab_size, "head-test", state_layers(target)))
     baseline = Engine(target, SpecConfig(drafter="none"))
     head_steps = 0
     for prompt in PROMPTS:
@@ -130,7 +125,7 @@ def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_
     target = tiny_models["llama"]
     vocab_ids = torch.randperm(target.info.vocab_size, generator=torch.Generator().manual_seed(0))[:150]
     head = random_head(target, vocab_ids)
-    drafter = HeadDrafter(head, target.info.vocab_size, "h", final_layer(target))
+    drafter = HeadDrafter(head, target.info.vocab_size, "h", state_layers(target))
     prompt = Engine(target).encode("Once upon a time")
     logits, hidden = final_states(target, prompt)  # [vocab], [prompt, d]
     context = prompt + [int(logits.argmax())]
@@ -150,7 +145,7 @@ def test_greedy_drafts_map_the_heads_best_logit_through_its_vocabulary_map(tiny_
 def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models):
     target = tiny_models["llama"]
     vocab_ids = torch.arange(10, 200)
-    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h", final_layer(target))
+    drafter = HeadDrafter(random_head(target, vocab_ids), target.info.vocab_size, "h", state_layers(target))
     prompt = Engine(target).encode("Once upon a time")
     logits, hidden = final_states(target, prompt)
     generator = torch.Generator().manual_seed(0)
@@ -207,7 +202,7 @@ def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_mode
     """End to end at one position: head proposals (reduced vocabulary, sampled) + rejection sampling ~ target."""
     target = tiny_models["llama"]
     vocab_ids = torch.arange(0, target.info.vocab_size, 2)
-    drafter = HeadDrafter(random_head(target, vocab_ids, int8=int8), target.info.vocab_size, "h", final_layer(target))
+    drafter = HeadDrafter(random_head(target, vocab_ids, int8=int8), target.info.vocab_size, "h", state_layers(target))
     params = SamplingParams(temperature=0.7, top_k=12)
     prompt = Engine(target).encode("Once upon a time")
     logits, hidden = final_states(target, prompt)

@@ -15,6 +15,7 @@ import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evaluate
+from quickdraft.drafters.head.drafter import state_layers
 from quickdraft.drafters.head.files import build_head
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
@@ -79,8 +80,7 @@ def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
     """c: median head drafting step time / median one-token target forward time (interleaved)."""
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
-    final = (target.config.get_text_config().num_hidden_layers,)  # the final-norm state the head reads
-    _, hidden = runner.prefill(context, hidden_layers=final)  # [COST_CONTEXT, d]
+    _, hidden = runner.prefill(context, hidden_layers=state_layers(target))  # [COST_CONTEXT, d]
     cache = HeadCache()
     head.step(hidden[:-1], torch.tensor(context[1:]), cache)
     state, token = hidden[-1:], torch.tensor([context[0]])

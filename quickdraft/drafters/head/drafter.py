@@ -53,8 +53,7 @@ class HeadDrafter(Drafter):
         """`head` (the head shipped for the target), `head:NAME` (a shipped head) or `head:DIR`."""
         directory = head_directory(argument, target.info.name)
         head = quantize_head(load_head(directory, target).to(target.runner.device))
-        final = (target.config.get_text_config().num_hidden_layers,)
-        return cls(head, target.info.vocab_size, name=f"head:{directory}", target_layers=final)
+        return cls(head, target.info.vocab_size, name=f"head:{directory}", target_layers=state_layers(target))
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         self._params = params
@@ -112,6 +111,11 @@ class HeadDrafter(Drafter):
         full[self.vocab_ids] = logits
         probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
         return int(sampling.sample(probs[None], self._generator)), probs
+
+
+def state_layers(target: LoadedModel) -> tuple[int]:
+    """The target state the head reads: its final-norm state, id num_layers (see `models/base.py`)."""
+    return (target.config.get_text_config().num_hidden_layers,)
 
 
 def shipped_head_for(target: LoadedModel) -> Path | None:
