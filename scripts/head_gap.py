@@ -21,7 +21,7 @@ from quickdraft.config import DTYPES, SamplingParams, SpecConfig
 from quickdraft.distill import evaluation
 from quickdraft.distill.prompts import load_training_prompts
 from quickdraft.distill.train import TrainConfig, evaluate, make_example
-from quickdraft.drafters.head.drafter import head_directory, state_layers
+from quickdraft.drafters.head.drafter import head_directory
 from quickdraft.drafters.head.files import load_head
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model
@@ -47,13 +47,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int)
     parser.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="target weights (the head trains on bfloat16 states)"
+        "--dtype", choices=DTYPES, default="auto", help="target weights (the head trains on the default runtime's)"
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_model(args.model, dtype=args.dtype)
     directory = head_directory(args.head, target.info.name)
+    head = load_head(directory, target)
+    layers = (*head.config.aux_layers, target.config.get_text_config().num_hidden_layers)  # the head's, the final
     engine = Engine(target, SpecConfig(drafter=f"head:{directory}", k=args.k))
     steps = accepted = 0
     by_position = torch.zeros(args.k)  # [k] steps whose i-th draft token was accepted
@@ -65,9 +67,11 @@ def main() -> None:
         steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
         by_position[: len(stats.accepted_by_position)] += torch.tensor(stats.accepted_by_position, dtype=torch.float)
         sequence = prompt_ids + list(result.token_ids)
-        _, hidden = target.runner.prefill(sequence, hidden_layers=state_layers(target))  # [T, d]
-        examples.append(make_example(torch.tensor(sequence), hidden.float(), len(prompt_ids)))
-    forced = evaluate(load_head(directory, target), examples, TrainConfig(eval_k=args.k))
+        _, hidden = target.runner.prefill(sequence, hidden_layers=layers)  # [T, len(layers) * d]
+        d = hidden.shape[1] // len(layers)
+        examples.append(make_example(torch.tensor(sequence), hidden[:, :-d], hidden[:, -d:], len(prompt_ids)))
+    _, output = target.runner.embedding_matrices()
+    forced = evaluate(head, output, examples, TrainConfig(eval_k=args.k))
     print(
         f"engine, k={args.k}: tau {tau(accepted, steps):.3f}, accepted by position (share of steps) "
         f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}"

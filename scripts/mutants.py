@@ -106,6 +106,20 @@ MUTANTS = [
         ("tests/test_head.py", "-k", "vocabulary_map"),
     ),
     Mutant(
+        "training-time-test-reads-its-own-position",
+        "quickdraft/drafters/head/model.py",
+        "inputs = F.pad(out[:, :-1], (0, 0, 1, 0))",
+        "inputs = out",
+        ("tests/test_head.py", "-k", "unrolled_training"),
+    ),
+    Mutant(
+        "exported-d2t-offsets-negated",
+        "quickdraft/drafters/head/files.py",
+        'tensors["d2t"] = (ids - torch.arange(len(ids))).to(torch.int64)',
+        'tensors["d2t"] = (torch.arange(len(ids)) - ids).to(torch.int64)',
+        ("tests/test_head.py", "-k", "exported_head_loads_back"),
+    ),
+    Mutant(
         "accepted-drafts-credited-to-the-target",
         "quickdraft/running.py",
         "accepted = (decode.plan.drafter,) * verdict.num_accepted",

@@ -169,12 +169,12 @@ def test_a_damaged_model_directory_gives_one_line_naming_the_file(
 
 def test_a_truncated_head_gives_one_line_naming_the_file(tiny_dirs, tiny_models, tmp_path, capsys):
     head_dir = tmp_path / "head"
-    save_head(head_dir, random_head(tiny_models["llama"]), target_identity(tiny_models["llama"]))
-    truncate(head_dir / "head.safetensors")
+    save_head(head_dir, random_head(tiny_models["llama"]), target_identity(tiny_models["llama"]), verifier="llama")
+    truncate(head_dir / "model.safetensors")
     args = ["generate", "hello", "--model", str(tiny_dirs["llama"]), "--runtime", "hf", "--drafter", f"head:{head_dir}"]
     assert main(args) == 1
     error = only_error_line(capsys)
-    assert error.startswith(f"quickdraft: error: the draft head's {head_dir / 'head.safetensors'} is truncated"), error
+    assert error.startswith(f"quickdraft: error: the draft head's {head_dir / 'model.safetensors'} is truncated"), error
     assert "quickdraft distill" in error and "--debug" not in error
 
 

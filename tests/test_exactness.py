@@ -24,7 +24,7 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.head.drafter import HeadDrafter, state_layers
+from quickdraft.drafters.head.drafter import HeadDrafter
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
 from tests.test_head import random_head
@@ -88,9 +88,7 @@ def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
             draft = load_model_dir(path, runtime="hf")
             engine.add_drafter(name, DraftModelDrafter(draft.runner, target.info.vocab_size, name))
         if name == "head":
-            engine.add_drafter(
-                name, HeadDrafter(random_head(target), target.info.vocab_size, name, state_layers(target))
-            )
+            engine.add_drafter(name, HeadDrafter(random_head(target), target.info.vocab_size, name))
     return engine
 
 

@@ -180,14 +180,12 @@ def test_cancelling_a_running_job_stops_it_at_the_next_step():
 
 def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_the_first(tiny_models):
     """The default on a model with a shipped head is ngram,head under auto; {"k": 2} alone then means ngram at k=2."""
-    from quickdraft.drafters.head.drafter import HeadDrafter, state_layers
+    from quickdraft.drafters.head.drafter import HeadDrafter
     from tests.test_head import random_head
 
     target = tiny_models["llama"]
     engine = Engine(target, SpecConfig(drafter="ngram,head-test", k="auto"))
-    engine.add_drafter(
-        "head-test", HeadDrafter(random_head(target), target.info.vocab_size, "head-test", state_layers(target))
-    )
+    engine.add_drafter("head-test", HeadDrafter(random_head(target), target.info.vocab_size, "head-test"))
     app = create_app(ServerSettings(model_name="tiny"))
     expected = engine.generate("The dog sleeps. The dog", SamplingParams(max_new_tokens=12)).text
     with TestClient(app) as http:

@@ -1,4 +1,5 @@
-"""`quickdraft distill`: train a draft head (or a small standalone draft) from the target's own answers."""
+"""`quickdraft distill`: train a draft head (or a small standalone draft) from the target's own answers;
+`quickdraft distill export DIR --format speculators|eagle3 --out OUT`: write a head for other engines."""
 
 import argparse
 import shlex
@@ -7,22 +8,26 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import DEFAULT_MODEL
-from quickdraft.distill.data import AnswerConfig, default_writer_dtype
+from quickdraft.distill.data import AnswerConfig
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.train import TrainConfig
+from quickdraft.drafters.head.files import export, read_identity
 from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "distill",
         help="train a draft head on the target's own answers (self-distillation)",
-        description="Generate the target's answers to training prompts (never Spec-Bench's), then train an "
-        "EAGLE-style draft head on its hidden states. Every stage resumes with --resume.",
+        description="Generate the target's answers to training prompts (never Spec-Bench's) with the batched "
+        "engine, then train an EAGLE-3 draft head on its hidden states. Every stage resumes with --resume. "
+        "`quickdraft distill export DIR --format speculators|eagle3 --out OUT` writes a head for vLLM, SGLang or "
+        "llama.cpp's converter.",
     )
     parser.add_argument("--target", default=DEFAULT_MODEL, help=f"target model name or path (default {DEFAULT_MODEL})")
     parser.add_argument(
-        "--out", required=True, type=Path, help="output directory (data, checkpoints, the head and its card)"
+        "--out", type=Path, default=None, help="output directory (data, checkpoints, the head and its card); required"
     )
     parser.add_argument(
         "--prompts",
@@ -49,30 +54,26 @@ def register(subparsers) -> None:
         help="head (default), or standalone: a small full-vocabulary Llama saved as a transformers model",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sequences per generate call (default 64)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="requests the engine writes answers for at once (default 32; a speed setting, the answers are the same)",
+    )
     parser.add_argument("--max-prompt-tokens", type=int, default=256, help="longer prompts are skipped (default 256)")
     parser.add_argument(
-        "--gen-dtype",
-        choices=["auto", "bfloat16", "float32", "int8"],
-        default="auto",
-        help=(
-            "the target's dtype while it writes the training answers (default auto: bfloat16, "
-            "the default runtime's activation precision, where the CPU multiplies bfloat16 natively, "
-            "else float32, which is faster there; int8: bfloat16 with the weights rounded as the native "
-            "int8 runtime rounds them)"
-        ),
+        "--intermediate-size", type=int, default=None, help="the head's MLP width (default: the target's)"
     )
     parser.add_argument("--epochs", type=float, default=4.0, help="passes over the training split (default 4)")
     parser.add_argument(
         "--train-minutes", type=float, default=None, help="wall-clock cap on training; the lr schedule follows it"
     )
-    parser.add_argument("--unroll", type=int, default=3, help="drafting steps simulated in training (default 3)")
+    parser.add_argument(
+        "--unroll", type=int, default=4, help="drafting steps unrolled in training (training-time test; default 4)"
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     parser.add_argument(
-        "--ce-weight",
-        type=float,
-        default=1.0,
-        help="weight of the token cross-entropy next to the smooth-L1 state loss (default 1; EAGLE used 0.1)",
+        "--step-decay", type=float, default=0.8, help="loss weight of unrolled step s is DECAY ** (s-1) (default 0.8)"
     )
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     parser.add_argument(
@@ -99,9 +100,35 @@ def register(subparsers) -> None:
         help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)",
     )
     parser.set_defaults(func=run)
+    actions = parser.add_subparsers(dest="action", metavar="export")
+    exporter = actions.add_parser(
+        "export",
+        help="write a head in the layout vLLM (speculators) or SGLang and llama.cpp's converter (eagle3) load",
+        description="Write the head in DIR in another engine's layout, with its quickdraft.json and card.",
+    )
+    exporter.add_argument("head", type=Path, metavar="DIR", help="a head directory (quickdraft distill's --out)")
+    exporter.add_argument("--format", choices=["speculators", "eagle3"], required=True, help="the layout to write")
+    exporter.add_argument("--out", type=Path, required=True, help="the directory to write (must be empty or absent)")
+    exporter.add_argument(
+        "--target", default=None, help="the head's target, to check the head against (default: the one it names)"
+    )
+    exporter.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.out.exists() and any(args.out.iterdir()):
+        raise UsageError(f"{args.out} is not empty; choose a new --out")
+    identity = read_identity(args.head)
+    name = args.target or (identity or {}).get("name")
+    if name is None:
+        raise UsageError(f"{args.head} names no target (no quickdraft.json); pass --target MODEL")
+    print(export(args.head, args.out, args.format, load_model(name)))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is None:
+        raise UsageError("quickdraft distill needs --out DIR (the run's directory)")
     options = options_from(args)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -110,8 +137,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def options_from(args: argparse.Namespace) -> DistillOptions:
-    if args.gen_dtype == "auto":  # the card's command names the dtype this machine chose
-        args = argparse.Namespace(**{**vars(args), "gen_dtype": default_writer_dtype()})
     for name in ("tokens", "max_new_tokens", "batch_size", "unroll", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -121,20 +146,20 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
         prompts=args.prompts,
         tokens=args.tokens,
         vocab=_vocab_size(args.vocab),
+        intermediate_size=args.intermediate_size,
         resume=args.resume,
         kind=args.kind,
         generation=AnswerConfig(
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             max_prompt_tokens=args.max_prompt_tokens,
-            dtype=args.gen_dtype,
         ),
         training=TrainConfig(
             epochs=args.epochs,
             minutes=args.train_minutes,
             unroll=args.unroll,
             lr=args.lr,
-            ce_weight=args.ce_weight,
+            step_decay=args.step_decay,
             weight_decay=args.weight_decay,
             train_on_prompts=args.train_on_prompts,
         ),
@@ -165,12 +190,12 @@ def command_line(args: argparse.Namespace) -> str:
         "max_new_tokens",
         "max_prompt_tokens",
         "batch_size",
-        "gen_dtype",
+        "intermediate_size",
         "epochs",
         "train_minutes",
         "unroll",
         "lr",
-        "ce_weight",
+        "step_decay",
         "weight_decay",
         "init_head",
         "eval_prompts",

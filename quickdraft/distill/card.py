@@ -1,16 +1,12 @@
 """The head's card: what it is for, how it was made, and what it measured, as Markdown."""
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from quickdraft.distill.data import AnswerConfig, Shard
 from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
-
-WRITER_NUMBERS = {  # AnswerConfig.dtype, in words
-    "float32": "float32",
-    "bfloat16": "bfloat16",
-    "int8": "bfloat16 with weights rounded to per-row int8, as the native int8 runtime",
-}
+from quickdraft.models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -26,6 +22,9 @@ class Facts:
     heldout: dict  # teacher-forced held-out metrics of the trained head (train.evaluate)
     baseline: dict  # the same for the head training started from (init_head), or an untrained one
     engine: dict  # evaluation.engine_metrics
+    aux_layers: tuple[int, ...]  # the target states the head fuses
+    runtime: str  # the target's runtime and dtype that wrote the answers and the states (e.g. "native gguf")
+    data_seconds: float  # the engine's time writing the answers, summed over the shards (and resumed runs)
     command: str
     parameters: int
     init_head: str | None = None  # the head training started from, if not a fresh one
@@ -42,6 +41,15 @@ def data_facts(shards: list[Shard], train: list[Example], heldout: list[Example]
     }
 
 
+def runtime_words(target: LoadedModel) -> str:
+    """e.g. "NativeRunner in bfloat16, matrices int4 120, int8 1": how the target computed."""
+    forms = Counter(linear.form for linear in target.runner.linear_layers())
+    matrices = ", ".join(f"{form} {count}" for form, count in forms.items())
+    return f"{type(target.runner).__name__} in {str(target.runner.dtype).removeprefix('torch.')}" + (
+        f", matrices {matrices}" if matrices else ""
+    )
+
+
 def render(facts: Facts) -> str:
     data, engine, heldout, baseline = facts.data, facts.engine, facts.heldout, facts.baseline
     start = "starting head" if facts.init_head else "untrained head"
@@ -49,10 +57,12 @@ def render(facts: Facts) -> str:
     lines = [
         f"# Draft head for {facts.target}",
         "",
-        "An EAGLE-style draft head (Li et al. 2024): RMS-normalised [target's last hidden state ; embedding of the",
-        "next token], fused by one linear map, then one Llama-style decoder layer predicting the next hidden state;",
-        f"draft logits are that state times the target's own (frozen) output rows for {len(facts.vocab.ids)} tokens.",
+        "An EAGLE-3 draft head (Li et al. 2025): the target's states from layers "
+        f"{', '.join(str(i) for i in facts.aux_layers)} (what each of those layers reads) fused by one linear map,",
+        "then one Llama-style decoder layer over [normed embedding of the next token ; normed stream], its own output",
+        f"fed back to draft further; draft logits over a reduced vocabulary of {len(facts.vocab.ids)} tokens.",
         f"{facts.parameters / 1e6:.2f}M trained parameters. Lossless: the engine verifies every draft token.",
+        "Stored in the speculators layout vLLM loads (`quickdraft distill export` also writes the EAGLE-3 layout).",
         "",
         f'Use: `quickdraft generate --model {facts.target} --drafter head:DIR --chat "..."`',
         "",
@@ -63,7 +73,8 @@ def render(facts: Facts) -> str:
         f"| held-out tau@{k}, teacher-forced ({heldout['drafts']} draft starts) "
         f"| {heldout['tau']:.2f} ({start}: {baseline['tau']:.2f}) |",
         f"| held-out alpha, teacher-forced | {heldout['alpha']:.3f} ({start}: {baseline['alpha']:.3f}) |",
-        f"| held-out acceptance by position, teacher-forced | {_numbers(heldout['acceptance_by_position'])} |",
+        f"| held-out acceptance at draft position 1..{k}, each given the one before, teacher-forced "
+        f"| {_numbers(heldout['acceptance_by_position'])} |",
         f"| engine (default runtime), greedy, k={engine['k']}, {engine['prompts']} held-out prompts: tau "
         f"| {engine['tau']:.2f} |",
         f"| engine: alpha / accepted per step by position "
@@ -74,10 +85,10 @@ def render(facts: Facts) -> str:
         "",
         "## Data",
         "",
-        f"Self-distillation: the target's own greedy answers ({WRITER_NUMBERS[facts.generation.dtype]}, "
+        f"Self-distillation: the target's own greedy answers ({facts.runtime}, written by the batched engine, "
         f"at most {facts.generation.max_new_tokens} tokens) to",
-        f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, "
-        "with its post-norm last hidden state at every position. "
+        f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, stored as token shards; "
+        "the target's states recomputed from them by batched forwards. "
         f"{data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences "
         "(prompt index % 20 == 0).",
@@ -87,14 +98,22 @@ def render(facts: Facts) -> str:
         f"tokens {facts.vocab.train_coverage:.2%} (training split), "
         f"{facts.vocab.heldout_coverage:.2%} (held-out split).",
         "",
+        *(
+            [
+                f"The engine wrote the answers in {facts.data_seconds / 60:.1f} min "
+                f"({data['answer_tokens'] / facts.data_seconds:.0f} answer tokens/s)."
+            ]
+            if facts.data_seconds > 0
+            else []
+        ),
+        "",
         "## Training",
         "",
-        f"Loss per drafting step s = 1..{facts.training.unroll} "
-        "(the head fed its own predicted states, attending to true",
-        "states for earlier context): smooth-L1(predicted state, true state) "
-        f"+ {facts.training.ce_weight} x cross-entropy from",
-        "the target's next-token distribution (renormalised over the reduced vocabulary) to the head's; steps weighted",
-        f"equally. {facts.train_seconds / 60:.1f} min of training. Settings: `{asdict(facts.training)}`.",
+        f"Training-time test: the head is unrolled on its own outputs for s = 1..{facts.training.unroll} drafting",
+        "steps (attending to true states for the earlier context, true tokens throughout); the loss of step s is",
+        "the cross-entropy from the target's next-token distribution (renormalised over the reduced vocabulary) to",
+        f"the head's, weighted {facts.training.step_decay} ** (s - 1), at answer positions whose target token the",
+        f"vocabulary holds. {facts.train_seconds / 60:.1f} min of training. Settings: `{asdict(facts.training)}`.",
         *(
             [
                 f"Training started from the head in `{facts.init_head}` "

@@ -15,7 +15,6 @@ import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evaluate
-from quickdraft.drafters.head.drafter import state_layers
 from quickdraft.drafters.head.files import build_head
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
@@ -34,12 +33,13 @@ def heldout_prompts(prompts: list[str], count: int) -> list[str]:
 
 
 def untrained_metrics(
-    target: LoadedModel, vocab_ids: torch.Tensor, heldout: list[Example], config: TrainConfig
+    target: LoadedModel, shapes: HeadConfig, vocab_ids: torch.Tensor, heldout: list[Example], config: TrainConfig
 ) -> dict:
     """Held-out metrics of a freshly initialised head: the baseline training must beat."""
     torch.manual_seed(config.seed)
-    head = build_head(HeadConfig.like_target(target.config.get_text_config()), target, vocab_ids)
-    return evaluate(head, heldout, config)
+    head = build_head(shapes, target, vocab_ids)
+    _, output = target.runner.embedding_matrices()
+    return evaluate(head, output, heldout, config)
 
 
 def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_new_tokens: int, k: int = 4) -> dict:
@@ -80,10 +80,10 @@ def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
     """c: median head drafting step time / median one-token target forward time (interleaved)."""
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
-    _, hidden = runner.prefill(context, hidden_layers=state_layers(target))  # [COST_CONTEXT, d]
+    _, hidden = runner.prefill(context, hidden_layers=head.config.aux_layers)  # [COST_CONTEXT, 3 * d]
     cache = HeadCache()
-    head.step(hidden[:-1], torch.tensor(context[1:]), cache)
-    state, token = hidden[-1:], torch.tensor([context[0]])
+    head.step(head.fuse(hidden[:-1]), torch.tensor(context[1:]), cache)
+    state, token = head.fuse(hidden[-1:]), torch.tensor([context[0]])
     head_times, target_times = [], []
     for _ in range(COST_REPEATS):
         started = time.perf_counter()

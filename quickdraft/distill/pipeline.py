@@ -2,12 +2,15 @@
 
 Layout of the output directory:
 
-    DIR/data/           shards of self-generated answers with the target's states (see data.py)
+    DIR/data/           token shards of self-generated answers, written by the batched engine (data.py)
+    DIR/states/         the target's states for them, recomputed by batched forwards (states.py)
     DIR/train/          vocab.json (fixed at the first training run) and checkpoint.safetensors
-    DIR/head.safetensors, DIR/config.json, DIR/README.md   the head (kind "head")
+    DIR/config.json, DIR/model.safetensors, DIR/quickdraft.json, DIR/README.md   the head (kind "head",
+                        in the speculators layout: drafters/head/files.py)
     DIR/standalone/     a transformers model directory (kind "standalone")
 
-Every stage resumes: data appends shards up to --tokens, training continues from its checkpoint.
+Every stage resumes: data appends shards up to --tokens, states fill in the missing shards, training
+continues from its checkpoint.
 """
 
 import json
@@ -19,9 +22,11 @@ from typing import Literal
 
 import torch
 
+from quickdraft.config import SpecConfig
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, load_writer
+from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, writing_rate
 from quickdraft.distill.prompts import load_training_prompts
+from quickdraft.distill.states import ensure_states
 from quickdraft.distill.train import (
     HELDOUT_EVERY,
     HeadObjective,
@@ -32,11 +37,13 @@ from quickdraft.distill.train import (
     split_examples,
 )
 from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
-from quickdraft.drafters.head.files import build_head, load_head, read_config, save_head
+from quickdraft.drafters.head.files import build_head, load_head, save_head
 from quickdraft.drafters.head.identity import target_identity
-from quickdraft.drafters.head.model import HeadConfig
+from quickdraft.drafters.head.model import DraftHead, HeadConfig, default_aux_layers
+from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.single_slot import batch_view
 
 Kind = Literal["head", "standalone"]
 
@@ -48,6 +55,7 @@ class DistillOptions:
     prompts: Path | None = None  # None: the built-in ShareGPT prompts
     tokens: int = 50_000  # answer tokens to generate (data stage stops once reached)
     vocab: int | None = None  # reduced vocabulary size; None: smallest covering 98% of held-out answer tokens
+    intermediate_size: int | None = None  # the head's MLP width; None: the target's
     resume: bool = False
     kind: Kind = "head"
     generation: AnswerConfig = field(default_factory=AnswerConfig)
@@ -63,14 +71,14 @@ def distill(options: DistillOptions) -> Path:
     """Run every stage; returns the directory of the result."""
     _check_out(options)
     started = time.perf_counter()
-    target = load_model(options.target, runtime="hf")
+    target = load_model(options.target)  # the default runtime: the answers are those the engine's target writes
     prompts = load_training_prompts(options.prompts)
     identity = target_identity(target)
     _say(
         f"{len(prompts)} training prompts (Spec-Bench prompts removed); generating up to {options.tokens} answer tokens"
     )
     generate_shards(
-        lambda: _writer(target, options),
+        lambda: Engine(target, SpecConfig(drafter="none"), max_batch=options.generation.batch_size),
         prompts,
         options.out / "data",
         options.tokens,
@@ -79,36 +87,58 @@ def distill(options: DistillOptions) -> Path:
         progress=_data_progress(time.perf_counter()),
     )
     shards = load_shards(options.out / "data")
+    start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
+    num_layers = target.config.get_text_config().num_hidden_layers
+    aux_layers = start.config.aux_layers if start is not None else default_aux_layers(num_layers)
+    states = ensure_states(
+        options.out / "data",
+        options.out / "states",
+        lambda: batch_view(target.runner)[0],
+        aux_layers,
+        num_layers,
+        identity,
+        progress=lambda done, total: _say(f"states: {done}/{total} shards"),
+    )
     if options.kind == "standalone":
         from quickdraft.distill.standalone import train_standalone
 
-        return train_standalone(target, shards, options)
-    vocab = _vocab(target, shards, prompts, options)
+        return train_standalone(target, shards, states, options)
+    vocab = _vocab(target, shards, prompts, start, options)
     _say(
         f"reduced vocabulary: {len(vocab.ids)} tokens, covering {vocab.heldout_coverage:.2%} of held-out answer tokens"
     )
-    return _train_head(target, shards, vocab, identity, prompts, options, started)
+    shapes = start.config if start is not None else _shapes(target, len(vocab.ids), options)
+    return _train_head(target, shards, states, vocab, shapes, start, identity, prompts, options, started)
+
+
+def _shapes(target: LoadedModel, draft_vocab: int, options: DistillOptions) -> HeadConfig:
+    """A fresh head: one decoder layer like the target's (MLP `--intermediate-size` wide), EAGLE-3's states."""
+    text = target.config.get_text_config()
+    return HeadConfig.like_target(text, draft_vocab, options.intermediate_size)
 
 
 def _train_head(
     target: LoadedModel,
     shards,
+    states,
     vocab: VocabChoice,
+    shapes: HeadConfig,
+    start: DraftHead | None,
     identity: dict,
     prompts: list[str],
     options: DistillOptions,
     started: float,
 ) -> Path:
-    head = build_head(HeadConfig.like_target(target.config.get_text_config()), target, vocab.ids)
-    train, heldout = split_examples(shards, options.training.train_on_prompts)
+    head = build_head(shapes, target, vocab.ids)
+    _, target_output = target.runner.embedding_matrices()
+    train, heldout = split_examples(shards, states, options.training.train_on_prompts)
     trainer = Trainer(
-        HeadObjective(head, options.training),
+        HeadObjective(head, target_output, options.training),
         train,
         heldout,
         options.training,
         options.out / "train" / "checkpoint.safetensors",
     )
-    start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
     if options.resume and trainer.resume():
         _say(f"resuming training at step {trainer.state.step} of {trainer.total_steps}")
     elif start is not None:
@@ -116,20 +146,18 @@ def _train_head(
         _say(f"starting from the head in {options.init_head}")
     # held-out metrics training must beat: the starting head's, else a fresh head's
     baseline = (
-        evaluate(start, heldout, options.training)
+        evaluate(start, target_output, heldout, options.training)
         if start is not None
-        else evaluation.untrained_metrics(target, vocab.ids, heldout, options.training)
+        else evaluation.untrained_metrics(target, shapes, vocab.ids, heldout, options.training)
     )
     metrics = trainer.run()
     head.eval()
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
-    save_head(options.out, head, identity, **extra)
+    save_head(options.out, head, identity, verifier=options.target, **extra)
     eval_prompts = evaluation.heldout_prompts(prompts, options.eval_prompts)
     _say(f"measuring the saved head with the engine (default runtime) on {len(eval_prompts)} held-out prompts")
-    measured = evaluation.engine_metrics(
-        load_model(options.target), options.out, eval_prompts, options.generation.max_new_tokens
-    )
-    save_head(options.out, head, identity, **extra, engine=measured)
+    measured = evaluation.engine_metrics(target, options.out, eval_prompts, options.generation.max_new_tokens)
+    save_head(options.out, head, identity, verifier=options.target, **extra, engine=measured)
     facts = card.Facts(
         target=options.target,
         identity=identity,
@@ -142,6 +170,9 @@ def _train_head(
         heldout=metrics,
         baseline=baseline,
         engine=measured,
+        aux_layers=shapes.aux_layers,
+        runtime=card.runtime_words(target),
+        data_seconds=writing_rate(options.out / "data")[1],
         command=options.command,
         parameters=sum(p.numel() for p in head.parameters()),
         init_head=str(options.init_head) if options.init_head else None,
@@ -154,22 +185,17 @@ def _train_head(
     return options.out
 
 
-def _writer(target: LoadedModel, options: DistillOptions) -> LoadedModel:
-    """The model that writes the answers: the target itself, or a copy in the generation dtype."""
-    if options.generation.dtype == "float32":
-        return target
-    return load_writer(options.target, options.generation.dtype)
-
-
-def _vocab(target: LoadedModel, shards, prompts: list[str], options: DistillOptions) -> VocabChoice:
+def _vocab(
+    target: LoadedModel, shards, prompts: list[str], start: DraftHead | None, options: DistillOptions
+) -> VocabChoice:
     """The reduced vocabulary, chosen once and kept for resumed runs (an --init-head run keeps that head's)."""
     path = options.out / "train" / "vocab.json"
     train_answers, heldout_answers = answer_tokens(shards)
     train_counts = count_tokens(train_answers, target.info.vocab_size)
     heldout_counts = count_tokens(heldout_answers, target.info.vocab_size)
-    if not path.exists() and options.init_head:
+    if not path.exists() and start is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"ids": read_config(options.init_head)["vocab"]["ids"]}))
+        path.write_text(json.dumps({"ids": start.vocab_ids.tolist()}))
     if path.exists():
         ids = torch.tensor(json.loads(path.read_text())["ids"], dtype=torch.long)  # [draft_vocab], in its own order
         return VocabChoice(ids, coverage(ids, train_counts), coverage(ids, heldout_counts))

@@ -2,8 +2,8 @@
 
 It has the target's width and `LAYERS` decoder layers; its tied embedding starts from the target's
 embedding and its final norm from the target's. It learns, at every answer position, the target's
-full next-token distribution (softmax of the target's output layer times the stored state) by
-cross-entropy. The result is a standard transformers directory: usable as `assistant_model`, or
+full next-token distribution (softmax of the target's output layer times its final-norm state there,
+`states.py`) by cross-entropy. The result is a standard transformers directory: usable as `assistant_model`, or
 as `--drafter DIR` in quickdraft.
 """
 
@@ -14,8 +14,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from quickdraft.distill.data import Shard
+from quickdraft.distill.states import ShardStates
 from quickdraft.distill.train import Example, Trainer, make_batch, split_examples
-from quickdraft.models.loading import LoadedModel, transformers_model
+from quickdraft.models.loading import LoadedModel, load_model, transformers_model
 
 LAYERS = 2
 
@@ -61,7 +62,7 @@ class StandaloneObjective:
         batch = make_batch(examples)
         logits = self.model(input_ids=batch.tokens).logits  # [B, L, vocab]
         with torch.no_grad():
-            target_probs = torch.softmax(batch.states @ self.target_output.T, -1)  # [B, L, vocab]
+            target_probs = torch.softmax(batch.final @ self.target_output.T, -1)  # [B, L, vocab]
         valid = batch.mask.float()
         ce = -(target_probs * torch.log_softmax(logits, -1)).sum(-1)  # [B, L]
         agree = (logits.argmax(-1) == target_probs.argmax(-1)).float()
@@ -79,11 +80,11 @@ class StandaloneObjective:
         return {"loss": float(sum(losses) / len(losses)), "top1_agreement": float(sum(agreements) / len(agreements))}
 
 
-def train_standalone(target: LoadedModel, shards: list[Shard], options) -> Path:
+def train_standalone(target: LoadedModel, shards: list[Shard], states: list[ShardStates], options) -> Path:
     """Train and save the standalone draft under `options.out / "standalone"`; returns that directory."""
-    model = standalone_model(target)
+    model = standalone_model(load_model(options.target, runtime="hf"))  # its norm is read from the transformers model
     _, output = target.runner.embedding_matrices()
-    train, heldout = split_examples(shards, options.training.train_on_prompts)
+    train, heldout = split_examples(shards, states, options.training.train_on_prompts)
     trainer = Trainer(
         StandaloneObjective(model, output),
         train,

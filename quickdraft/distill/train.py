@@ -1,22 +1,24 @@
 """Training the head on the target's own states, with a held-out split and resumable checkpoints.
 
-Each sequence of T tokens gives pairs t = 0..T-2: input (f_t, x_{t+1}), target f_{t+1}. Only
-pairs that predict answer positions count (t >= answer_start - 1). The loss of drafting step s
-(see `DraftHead.unrolled`) is EAGLE's: smooth-L1 between predicted and true state, plus
-`ce_weight` times the cross-entropy from the target's next-token distribution (softmax of its
-output rows times the true state, renormalised over the reduced vocabulary) to the head's.
-Steps are weighted equally. The learning rate warms up, then follows a cosine to zero over the
+Each sequence of T tokens gives pairs t = 0..T-2: input (a_t, x_{t+1}), target the target's
+next-token distribution at position t+1, softmax(output rows @ f_{t+1}) renormalised over the
+reduced vocabulary. Only pairs that predict answer positions count (t >= answer_start - 1), and,
+as in EAGLE-3, only where the target's own choice lies inside the reduced vocabulary (elsewhere no
+draft can be right). The loss of drafting step s (training-time test, see `DraftHead.unrolled`) is
+the cross-entropy from that distribution to the head's, at the position step s drafts; step s
+weighs `step_decay` ** (s - 1). The learning rate warms up, then follows a cosine to zero over the
 run's progress: the larger of the step fraction and the fraction of the time budget used.
 
 Held-out metrics are teacher-forced: the draft token of step s at position t is right when it
 equals the target's greedy token there; a draft starting at t is accepted up to the first wrong
-step, which gives acceptance by position, alpha and tau for k = `eval_k`.
+step, which gives acceptance by position (each position given the one before), alpha and tau for
+k = `eval_k`.
 """
 
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from quickdraft.distill.checkpoint import load_checkpoint, save_checkpoint
 from quickdraft.distill.data import Shard
+from quickdraft.distill.states import ShardStates
 from quickdraft.drafters.head.model import DraftHead
 from quickdraft.errors import UsageError
 
@@ -39,8 +42,8 @@ class TrainConfig:
     batch_sequences: int = 8
     lr: float = 1e-3
     warmup_steps: int = 20
-    unroll: int = 3  # drafting steps simulated in training (1 = EAGLE-1 teacher forcing only)
-    ce_weight: float = 1.0  # weight of the token cross-entropy next to the smooth-L1 state loss (EAGLE: 0.1)
+    unroll: int = 4  # drafting steps simulated in training (training-time test; 1 = teacher forcing only)
+    step_decay: float = 0.8  # weight of step s is step_decay ** (s - 1) (EAGLE-3's 0.8)
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     train_on_prompts: bool = False  # also count the prompts' pairs in training (held-out stays answers only)
     eval_k: int = 4
@@ -55,28 +58,34 @@ class Example:
     """One sequence as training pairs."""
 
     tokens: torch.Tensor  # [L] x_0..x_{L-1}, L = T - 1
-    states: torch.Tensor  # [L, d] f_0..f_{L-1} (stored dtype)
+    aux: torch.Tensor  # [L, 3 * d] a_0..a_{L-1} (stored dtype): the head's inputs
+    final: torch.Tensor  # [T, d] f_0..f_{L}: the target's final-norm state at every position (stored dtype)
     next_tokens: torch.Tensor  # [L] x_1..x_L
-    targets: torch.Tensor  # [L, d] f_1..f_L
     greedy_next: torch.Tensor  # [L] x_2..x_{L+1}; -1 where unknown (the last pair)
-    first_pair: int  # the first pair that counts (answer_start - 1: its target is the first answer state)
+    first_pair: int  # the first pair that counts (answer_start - 1: it predicts the first answer token's successor)
 
 
-def split_examples(shards: list[Shard], train_on_prompts: bool = False) -> tuple[list[Example], list[Example]]:
+def split_examples(
+    shards: list[Shard], states: list[ShardStates], train_on_prompts: bool = False
+) -> tuple[list[Example], list[Example]]:
     """(training, held-out) examples; a prompt's sequence goes to one split only.
 
     Held-out examples count answer pairs only; training examples also count the prompt's pairs
     when `train_on_prompts` (the target's states on user text: more data, same dynamics).
     """
     train, heldout = [], []
-    for shard in shards:
-        for prompt_index, tokens, hidden, answer_start in shard.sequences():
+    for shard, shard_states in zip(shards, states):
+        offset = 0
+        for prompt_index, tokens, answer_start in shard.sequences():
+            end = offset + len(tokens)
+            aux, final = shard_states.aux[offset:end], shard_states.final[offset:end]
+            offset = end
             if len(tokens) - answer_start < 2:
                 continue
             if prompt_index % HELDOUT_EVERY == 0:
-                heldout.append(make_example(tokens, hidden, answer_start))
+                heldout.append(make_example(tokens, aux, final, answer_start))
             else:
-                train.append(make_example(tokens, hidden, 1 if train_on_prompts else answer_start))
+                train.append(make_example(tokens, aux, final, 1 if train_on_prompts else answer_start))
     return train, heldout
 
 
@@ -84,23 +93,24 @@ def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.T
     """Answer token ids per sequence, (training split, held-out split)."""
     train, heldout = [], []
     for shard in shards:
-        for prompt_index, tokens, _, answer_start in shard.sequences():
+        for prompt_index, tokens, answer_start in shard.sequences():
             (heldout if prompt_index % HELDOUT_EVERY == 0 else train).append(tokens[answer_start:])
     return train, heldout
 
 
-def make_example(tokens: torch.Tensor, hidden: torch.Tensor, counted_from: int) -> Example:
+def make_example(tokens: torch.Tensor, aux: torch.Tensor, final: torch.Tensor, counted_from: int) -> Example:
     """Pairs of one sequence; pairs predicting positions >= counted_from count in the loss."""
     greedy_next = torch.cat([tokens[2:], torch.tensor([-1])])
-    return Example(tokens[:-1], hidden[:-1], tokens[1:], hidden[1:], greedy_next, max(counted_from - 1, 0))
+    return Example(tokens[:-1], aux[:-1], final, tokens[1:], greedy_next, max(counted_from - 1, 0))
 
 
 @dataclass
 class Batch:
     tokens: torch.Tensor  # [B, L]
-    states: torch.Tensor  # [B, L, d] float32
+    aux: torch.Tensor  # [B, L, 3 * d] float32
+    final: torch.Tensor  # [B, L, d] float32: f_t, the state that predicts x_{t+1} (a standalone draft's target)
+    targets: torch.Tensor  # [B, L, d] float32: f_{t+1}, the state whose distribution pair t's draft imitates
     next_tokens: torch.Tensor  # [B, L]
-    targets: torch.Tensor  # [B, L, d]
     greedy_next: torch.Tensor  # [B, L], -1 = unknown
     mask: torch.Tensor  # [B, L] bool: pairs that count
 
@@ -111,37 +121,49 @@ def make_batch(examples: list[Example]) -> Batch:
     positions = torch.arange(length)
     return Batch(
         tokens=torch.stack([pad(e.tokens) for e in examples]),
-        states=torch.stack([pad(e.states.float()) for e in examples]),
+        aux=torch.stack([pad(e.aux.float()) for e in examples]),
+        final=torch.stack([pad(e.final[:-1].float()) for e in examples]),
+        targets=torch.stack([pad(e.final[1:].float()) for e in examples]),
         next_tokens=torch.stack([pad(e.next_tokens) for e in examples]),
-        targets=torch.stack([pad(e.targets.float()) for e in examples]),
         greedy_next=torch.stack([pad(e.greedy_next, -1) for e in examples]),
         mask=torch.stack([(positions >= e.first_pair) & (positions < len(e.next_tokens)) for e in examples]),
     )
 
 
-def step_losses(head: DraftHead, batch: Batch, steps: int, ce_weight: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(loss averaged over drafting steps, each step's draft token ids [B, L] as target ids).
+def step_losses(
+    head: DraftHead, target_output: torch.Tensor, batch: Batch, steps: int, step_decay: float
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(the steps' weighted loss, each step's draft token ids [B, L] as target ids).
 
-    Logits are computed only at the pairs that count (every step's pairs are a subset of
-    `batch.mask`, step s also needs t >= s-1), which skips the prompt positions.
+    `target_output` [draft_vocab, d]: the target's output rows of the reduced vocabulary. Logits are
+    computed only at the pairs that count (every step's pairs are a subset of `batch.mask`, step s
+    also needs t >= s-1), which skips the prompt positions. Pair t of step s drafts position t + 1
+    after s - 1 draft tokens, so its target is f_{t+1} like step 1's at the same pair.
     """
     counted = batch.mask.nonzero(as_tuple=True)  # ([N], [N])
     positions = counted[1]  # [N]
-    targets = batch.targets[counted]  # [N, d]
     with torch.no_grad():
-        target_probs = torch.softmax(head.draft_logits(targets), -1)  # [N, V]
-    total, drafted = 0.0, []
-    for step, predicted in enumerate(head.unrolled(batch.states, batch.next_tokens, steps), start=1):
+        target_probs = torch.softmax(batch.targets[counted] @ target_output.T, -1)  # [N, V]
+    total, weights, drafted = 0.0, 0.0, []
+    stream = head.fuse(batch.aux)  # [B, L, d]
+    for step, out in enumerate(head.unrolled(stream, batch.next_tokens, steps), start=1):
         valid = (positions >= step - 1).float()  # [N]
-        predicted = predicted[counted]  # [N, d]
-        logits = head.draft_logits(predicted)  # [N, V]
-        state_loss = F.smooth_l1_loss(predicted, targets, reduction="none").mean(-1)  # [N]
+        logits = head.draft_logits(out[counted])  # [N, V]
         ce = -(target_probs * torch.log_softmax(logits, -1)).sum(-1)  # [N]
-        total = total + ((state_loss + ce_weight * ce) * valid).sum() / valid.sum().clamp_min(1)
+        weight = step_decay ** (step - 1)
+        total = total + weight * (ce * valid).sum() / valid.sum().clamp_min(1)
+        weights += weight
         step_ids = torch.full_like(batch.next_tokens, -1)  # [B, L]
         step_ids[counted] = head.vocab_ids[logits.detach().argmax(-1)]
         drafted.append(step_ids)
-    return total / steps, drafted
+    return total / weights, drafted
+
+
+def inside_vocab(batch: Batch, inside: torch.Tensor) -> Batch:
+    """The batch without the pairs whose next greedy token (the target's own choice on an answer) lies outside the
+    reduced vocabulary (`inside` [target_vocab] bool); the last pair, whose next token is unknown, stays."""
+    known = batch.greedy_next >= 0
+    return replace(batch, mask=batch.mask & (~known | inside[batch.greedy_next.clamp_min(0)]))
 
 
 @dataclass
@@ -166,16 +188,24 @@ class Objective(Protocol):
 
 
 class HeadObjective:
-    """The head's loss (`step_losses`) over `unroll` drafting steps; teacher-forced held-out metrics."""
+    """The head's loss (`step_losses`) over `unroll` drafting steps; teacher-forced held-out metrics.
 
-    def __init__(self, head: DraftHead, config: TrainConfig) -> None:
+    `target_output` [target_vocab, d]: the target's output layer (its rows of the reduced vocabulary give
+    the distributions the head learns)."""
+
+    def __init__(self, head: DraftHead, target_output: torch.Tensor, config: TrainConfig) -> None:
         self.model, self.config = head, config
+        self.target_output = target_output.float()  # [target_vocab, d]
+        self.draft_output = self.target_output[head.vocab_ids]  # [draft_vocab, d]
+        self.inside = torch.zeros(target_output.shape[0], dtype=torch.bool)  # [target_vocab]
+        self.inside[head.vocab_ids] = True
 
     def loss(self, examples: list[Example]) -> torch.Tensor:
-        return step_losses(self.model, make_batch(examples), self.config.unroll, self.config.ce_weight)[0]
+        batch = inside_vocab(make_batch(examples), self.inside)
+        return step_losses(self.model, self.draft_output, batch, self.config.unroll, self.config.step_decay)[0]
 
     def evaluate(self, examples: list[Example]) -> dict:
-        return evaluate(self.model, examples, self.config)
+        return evaluate(self.model, self.target_output, examples, self.config)
 
 
 class Trainer:
@@ -284,13 +314,14 @@ def _epoch_batches(examples: list[Example], batch_size: int, seed: int) -> list[
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, examples: list[Example], config: TrainConfig) -> dict:
+def evaluate(head: DraftHead, target_output: torch.Tensor, examples: list[Example], config: TrainConfig) -> dict:
     """Held-out loss and teacher-forced acceptance: by position, alpha and tau at k = eval_k."""
     head.eval()
     k, losses, accepted_lengths = config.eval_k, [], []
+    draft_output = target_output.float()[head.vocab_ids]  # [draft_vocab, d]
     for start in range(0, len(examples), config.batch_sequences):
         batch = make_batch(examples[start : start + config.batch_sequences])
-        loss, drafted = step_losses(head, batch, k, config.ce_weight)
+        loss, drafted = step_losses(head, draft_output, batch, k, config.step_decay)
         losses.append(float(loss))
         accepted_lengths.append(_accepted_lengths(batch, drafted))
     lengths = torch.cat(accepted_lengths) if accepted_lengths else torch.zeros(0)  # [drafts]

@@ -1,12 +1,11 @@
-"""`head:DIR`: drafting with a head that reads the target's own hidden states (EAGLE-style).
+"""`head:DIR`: drafting with an EAGLE-3 head that reads the target's own hidden states.
 
-The engine hands this drafter the target's final-norm state (layer id num_layers, see
-`models/base.py`) of every committed position
-(`observe_target`, after the prefill and after each verification). With f_t the state at
-position t and x the committed tokens, the head's cache holds the pairs (f_t, x_{t+1}) computed
-from true states; `propose` first feeds the pairs it has not seen, whose last output predicts
-the state after the pending token, then drafts k tokens on its own predicted states. Draft
-entries in the head's cache are rolled back before the next step re-feeds true states.
+The engine hands this drafter the target's states a_t of every committed position from the three
+layers the head fuses (`observe_target`, after the prefill and after each verification). With x the
+committed tokens, the head's cache holds the pairs (fc(a_t), x_{t+1}) computed from true states;
+`propose` first feeds the pairs it has not seen, whose last output drafts the token after the
+pending one, then drafts k tokens on its own outputs. Draft entries in the head's cache are rolled
+back before the next step re-feeds true states.
 
 The head drafts in its int8 inference form (`quantize.py`) on CPU.
 
@@ -22,7 +21,7 @@ import torch
 from quickdraft import sampling
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
-from quickdraft.drafters.head.files import load_head, read_config
+from quickdraft.drafters.head.files import load_head, read_identity
 from quickdraft.drafters.head.identity import check_target
 from quickdraft.drafters.head.model import DraftHead, HeadCache
 from quickdraft.drafters.head.quantize import quantize_head
@@ -33,27 +32,26 @@ SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "heads"  # quickdraft/head
 
 
 class HeadDrafter(Drafter):
-    def __init__(self, head: DraftHead, target_vocab_size: int, name: str, target_layers: tuple[int, ...]) -> None:
-        """`target_layers`: (the target's num_layers,), the id of its final-norm state, which the head reads."""
+    def __init__(self, head: DraftHead, target_vocab_size: int, name: str) -> None:
         self.head = head
-        self.target_layers = target_layers  # the engine passes these states to observe_target
+        self.target_layers = tuple(head.config.aux_layers)  # the engine passes these states to observe_target
         self.vocab_ids = head.vocab_ids  # [draft_vocab] target id of each draft logit
         self.target_vocab_size = target_vocab_size
         self.name = name
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
-        self._states: list[torch.Tensor] = []  # chunks of [n, d]: the target's state at each committed position
+        self._states: list[torch.Tensor] = []  # chunks of [n, 3 * d]: the target's states at each committed position
         self._known = 0  # committed positions whose state has been observed
         self._cache = HeadCache()  # the head's keys and values; the first _true_pairs come from true states
         self._true_pairs = 0
-        self._after_pending = torch.zeros(0)  # [d] the head's prediction from the last true pair
+        self._after_pending = torch.zeros(0)  # [d] the head's output at the last true pair
 
     @classmethod
     def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "HeadDrafter":
         """`head` (the head shipped for the target), `head:NAME` (a shipped head) or `head:DIR`."""
         directory = head_directory(argument, target.info.name)
         head = quantize_head(load_head(directory, target).to(target.runner.device))
-        return cls(head, target.info.vocab_size, name=f"head:{directory}", target_layers=state_layers(target))
+        return cls(head, target.info.vocab_size, name=f"head:{directory}")
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
         self._params = params
@@ -63,7 +61,7 @@ class HeadDrafter(Drafter):
         self._true_pairs = 0
 
     def observe_target(self, hidden: torch.Tensor) -> None:
-        """The target's states [n, d] at the next n committed positions."""
+        """The target's states [n, 3 * d] at the next n committed positions."""
         self._states.append(hidden.detach())
         self._known += hidden.shape[0]
 
@@ -76,16 +74,14 @@ class HeadDrafter(Drafter):
                 f"head drafter has {self._known} target states for a context of {len(context_ids)} tokens; "
                 "the engine must call observe_target"
             )
-        predicted = self._catch_up(context_ids)  # [d]
+        out = self._catch_up(context_ids)  # [d]
         tokens, rows = [], []
         for step in range(k):
-            token, row = self._choose(self.head.draft_logits(predicted))
+            token, row = self._choose(self.head.draft_logits(out))
             tokens.append(token)
             rows.append(row)
             if step < k - 1:
-                predicted = self.head.step(
-                    predicted[None], torch.tensor([token], device=predicted.device), self._cache
-                )[-1]
+                out = self.head.step(out[None], torch.tensor([token], device=out.device), self._cache)[-1]
         probs = None if self._params.greedy else torch.stack(rows)  # [k, target_vocab]
         return Draft(token_ids=tuple(tokens), probs=probs)
 
@@ -94,12 +90,13 @@ class HeadDrafter(Drafter):
         self._cache.length = self._true_pairs
         if self._true_pairs == self._known:  # nothing committed since the last draft
             return self._after_pending
-        states = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known, d]
+        states = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known, 3 * d]
         self._states = [states]
         new_tokens = torch.tensor(
             context_ids[self._true_pairs + 1 :], device=states.device
         )  # x_{t+1} of the unseen pairs
-        self._after_pending = self.head.step(states[self._true_pairs :], new_tokens, self._cache)[-1]
+        stream = self.head.fuse(states[self._true_pairs :])  # [unseen, d]
+        self._after_pending = self.head.step(stream, new_tokens, self._cache)[-1]
         self._true_pairs = self._known
         return self._after_pending
 
@@ -113,18 +110,16 @@ class HeadDrafter(Drafter):
         return int(sampling.sample(probs[None], self._generator)), probs
 
 
-def state_layers(target: LoadedModel) -> tuple[int]:
-    """The target state the head reads: its final-norm state, id num_layers (see `models/base.py`)."""
-    return (target.config.get_text_config().num_hidden_layers,)
-
-
 def shipped_head_for(target: LoadedModel) -> Path | None:
     """The head shipped for this target, if one ships under its name and was trained on these very weights."""
     directory = SHIPPED_HEADS / Path(target.info.name).name
     if not directory.is_dir():
         return None
+    identity = read_identity(directory)
+    if identity is None:
+        return None
     try:
-        check_target(read_config(directory)["target"], target, str(directory))
+        check_target(identity, target, str(directory))
     except UsageError:  # another model of the same name
         return None
     return directory

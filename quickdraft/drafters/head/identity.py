@@ -8,6 +8,7 @@ versus bfloat16 loading and far too narrow for different weights.
 
 import torch
 
+from quickdraft.drafters.head.model import HeadConfig
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel
 
@@ -37,6 +38,27 @@ def check_target(expected: dict, target: LoadedModel, head_dir: str) -> None:
     difference = (torch.tensor(actual["probe"]) - torch.tensor(expected["probe"])).abs().max()
     if difference > PROBE_TOLERANCE:
         _refuse(head_dir, expected, "different weights")
+
+
+def check_shapes(shapes: HeadConfig, layer_vocab: int | None, target: LoadedModel, head_dir: str) -> None:
+    """Raise UsageError unless a head of these shapes can read `target` (a head trained elsewhere carries no
+    identity, so its shapes are all there is to check): its width, its states, its vocabulary."""
+    embeddings, _ = target.runner.embedding_matrices()
+    width, num_layers = int(embeddings.shape[1]), target.config.get_text_config().num_hidden_layers
+    problems = []
+    if shapes.hidden_size != width or shapes.target_hidden_size != width:
+        problems.append(
+            f"hidden size {width}, the head reads {shapes.target_hidden_size} and embeds {shapes.hidden_size}"
+        )
+    if layer_vocab is not None and layer_vocab != target.info.vocab_size:
+        problems.append(f"a vocabulary of {target.info.vocab_size}, the head's is {layer_vocab}")
+    if any(not 0 <= layer < num_layers for layer in shapes.aux_layers):
+        problems.append(f"{num_layers} layers, the head reads states {list(shapes.aux_layers)}")
+    if problems:
+        raise UsageError(
+            f"head {head_dir} does not fit target {target.info.name}: the target has {'; '.join(problems)}; "
+            "use a head trained for this target, or train one with quickdraft distill --target MODEL"
+        )
 
 
 def _probe(output: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,25 @@
-"""The draft head: one Llama-style decoder layer that predicts the target's next hidden state.
+"""The draft head: EAGLE-3 (Li et al. 2025), one Llama-style decoder layer over the target's own states.
 
-Notation: x_t is the token at position t; f_t is the target's post-norm hidden state there (the
-vector its output layer reads to predict x_{t+1}). The head's input at position t is the pair
-(f_t, x_{t+1}): both are RMS-normalised, concatenated and fused by one linear map, then one
-decoder layer (causal attention over the earlier pairs, SwiGLU MLP) outputs a prediction of
-f_{t+1}. Draft logits are that prediction times the target's own output rows for a reduced
-vocabulary (frozen, taken from the target at load time, not stored with the head).
+Notation: x_t is the token at position t; a_t the target's states at position t from three of its
+layers (low, middle, high: `HeadConfig.aux_layers`, ids as in `models/base.py`, each what that decoder
+layer reads), concatenated [3 * target_hidden]. The head's stream at position t starts from
+g_t = fc(a_t) [d]. One decoder layer reads the pair (g_t, x_{t+1}):
 
-Drafting k tokens runs the head autoregressively on its own predictions: the pair at the next
-position is (predicted f_{t+1}, drafted x_{t+2}). Training imitates that with `unrolled`: step s
-feeds the predictions of step s-1 while attending to true pairs for the earlier context.
+    attention input  = [input_layernorm(embed(x_{t+1})) ; hidden_norm(g_t)]       [2d]
+    residual         = g_t (hidden_norm(g_t) with `norm_before_residual`)
+    h                = residual + attention(...)      (causal, over the earlier pairs; RoPE at position t)
+    out_t            = h + mlp(post_attention_layernorm(h))                         [d], before the final norm
+    draft logits     = lm_head(norm(out_t))             over the reduced vocabulary [draft_vocab]
+
+`out_t` predicts the token x_{t+2}. Drafting k tokens runs the layer on its own outputs: the pair at
+the next position is (out_t, drafted x_{t+2}), with no `fc` (it maps only the target's states).
+Training imitates that with `unrolled` (training-time test): step s feeds the outputs of step s-1
+while attending to true pairs for the earlier context.
+
+Draft id i is target token `vocab_ids[i]` (`d2t[i] = vocab_ids[i] - i` on disk, as vLLM and SGLang
+store it). The token embedding is the target's own (frozen, taken from the target at load time, not
+stored with the head). Parameter names are those of the speculators format (`files.py`), so a
+state dict is a checkpoint as vLLM loads it.
 """
 
 from dataclasses import dataclass
@@ -19,31 +29,47 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The target states EAGLE-3 fuses: the inputs of layers 2, L // 2 and L - 3 (vLLM's and SpecForge's
+    choice); for targets under 8 layers, of the first, middle and last (ids may repeat below 3 layers)."""
+    if num_layers >= 8:
+        return (2, num_layers // 2, num_layers - 3)
+    return (0, num_layers // 2, num_layers - 1)
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     """Shapes of the head (attention and MLP sizes copied from the target's layers by default)."""
 
-    hidden_size: int  # the target's hidden size: width of states, embeddings and the head's stream
+    hidden_size: int  # the head's stream; the target's hidden size (it reads the target's token embeddings)
+    target_hidden_size: int  # width of each target state in a_t
     intermediate_size: int  # SwiGLU width
     num_heads: int
     num_kv_heads: int
     head_dim: int
     rope_theta: float
+    draft_vocab_size: int
+    aux_layers: tuple[int, ...]  # the target's state ids fused by fc, in order
     rms_norm_eps: float = 1e-6
+    norm_before_residual: bool = False  # the attention's residual is hidden_norm(g) instead of g
 
     @classmethod
-    def like_target(cls, text_config) -> "HeadConfig":
-        """The shapes of one decoder layer of the target (a transformers text config)."""
+    def like_target(cls, text_config, draft_vocab_size: int, intermediate_size: int | None = None) -> "HeadConfig":
+        """One decoder layer shaped like the target's (a transformers text config), its MLP `intermediate_size`
+        wide (default the target's)."""
         head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
         rope = getattr(text_config, "rope_parameters", None) or {}
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         return cls(
             hidden_size=text_config.hidden_size,
-            intermediate_size=text_config.intermediate_size,
+            target_hidden_size=text_config.hidden_size,
+            intermediate_size=intermediate_size or text_config.intermediate_size,
             num_heads=text_config.num_attention_heads,
             num_kv_heads=text_config.num_key_value_heads,
             head_dim=head_dim,
             rope_theta=float(theta or getattr(text_config, "rope_theta", 10000.0)),
+            draft_vocab_size=draft_vocab_size,
+            aux_layers=default_aux_layers(text_config.num_hidden_layers),
             rms_norm_eps=float(text_config.rms_norm_eps),
         )
 
@@ -71,17 +97,6 @@ class Rotary(nn.Module):
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
-
-
-class FrozenLinear(nn.Module):
-    """y = x @ W.T with W a buffer: not trained, not saved (the target's output rows)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("weight", weight, persistent=False)  # [out, in]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.T
 
 
 class HeadCache:
@@ -112,18 +127,20 @@ class HeadCache:
 
 
 class Attention(nn.Module):
+    """q, k, v over the pair's 2d-wide input; o back to d."""
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
         d, h, kv, hd = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.q_proj = nn.Linear(2 * d, h * hd, bias=False)
+        self.k_proj = nn.Linear(2 * d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * d, kv * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
         self.rotary = Rotary(hd, config.rope_theta)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, d] -> rotated queries [B, heads, T, hd], keys and values [B, kv_heads, T, hd]."""
+        """x [B, T, 2d] -> rotated queries [B, heads, T, hd], keys and values [B, kv_heads, T, hd]."""
         c = self.config
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, c.num_heads, c.head_dim).transpose(1, 2)
@@ -139,76 +156,108 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
-class DraftHead(nn.Module):
-    """Fusion of (state, next-token embedding) plus one decoder layer; predicts the next state."""
-
-    def __init__(
-        self, config: HeadConfig, embeddings: torch.Tensor, output: torch.Tensor, vocab_ids: torch.Tensor
-    ) -> None:
-        """embeddings, output: the target's token embeddings and output layer [target_vocab, d];
-        vocab_ids [draft_vocab]: the reduced vocabulary. Frozen, taken from the target, not saved."""
+class MLP(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
         super().__init__()
-        self.config = config
+        d, width = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, width, bias=False)
+        self.up_proj = nn.Linear(d, width, bias=False)
+        self.down_proj = nn.Linear(width, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """EAGLE-3's layer 0: attention over [normed embedding ; normed stream], then the MLP."""
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
         d, eps = config.hidden_size, config.rms_norm_eps
-        self.state_norm = RMSNorm(d, eps)
-        self.embed_norm = RMSNorm(d, eps)
-        self.fuse = nn.Linear(2 * d, d, bias=False)
-        self.attn_norm = RMSNorm(d, eps)
-        self.attn = Attention(config)
-        self.mlp_norm = RMSNorm(d, eps)
-        self.gate_proj = nn.Linear(d, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(d, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, d, bias=False)
+        self.norm_before_residual = config.norm_before_residual
+        self.input_layernorm = RMSNorm(d, eps)  # on the token embedding
+        self.hidden_norm = RMSNorm(d, eps)  # on the stream
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(d, eps)
+        self.mlp = MLP(config)
+
+    def inputs(self, stream: torch.Tensor, embedded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """stream, embedded [B, T, d] -> (attention input [B, T, 2d], residual [B, T, d])."""
+        normed = self.hidden_norm(stream)
+        residual = normed if self.norm_before_residual else stream
+        return torch.cat([self.input_layernorm(embedded), normed], dim=-1), residual
+
+    def finish(self, residual: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Residual attention output, then the MLP block: [B, T, d] -> the layer's output [B, T, d]."""
+        h = residual + attended
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DraftHead(nn.Module):
+    """fc over the target's states, one decoder layer, the final norm and the reduced-vocabulary output."""
+
+    def __init__(self, config: HeadConfig, embeddings: torch.Tensor, vocab_ids: torch.Tensor) -> None:
+        """embeddings [target_vocab, d]: the target's token embeddings (frozen, not saved); vocab_ids
+        [draft_vocab]: the target id of each draft logit."""
+        super().__init__()
+        if len(vocab_ids) != config.draft_vocab_size:
+            raise ValueError(f"{len(vocab_ids)} vocabulary ids for a draft vocabulary of {config.draft_vocab_size}")
+        self.config = config
+        d = config.hidden_size
+        self.fc = nn.Linear(len(config.aux_layers) * config.target_hidden_size, d, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(config)])
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.lm_head = nn.Linear(d, config.draft_vocab_size, bias=False)
         self.register_buffer("embeddings", embeddings, persistent=False)  # [target_vocab, d]
-        self.output = FrozenLinear(output[vocab_ids].float())  # [draft_vocab, d] rows of the target's output layer
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)  # [draft_vocab] target id of each draft logit
 
-    def fuse_inputs(self, states: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-        """states [B, T, d], next_tokens [B, T] -> layer input [B, T, d]."""
-        embedded = self.embeddings[next_tokens].float()  # [B, T, d]
-        return self.fuse(torch.cat([self.state_norm(states), self.embed_norm(embedded)], dim=-1))
+    @property
+    def layer(self) -> DecoderLayer:
+        return self.layers[0]
 
-    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Residual attention output, then the MLP block: [B, T, d] -> predicted states [B, T, d]."""
-        x = x + attended
-        h = self.mlp_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+    def fuse(self, target_states: torch.Tensor) -> torch.Tensor:
+        """The target's states [..., 3 * target_hidden] -> the head's stream [..., d]."""
+        return self.fc(target_states.float())
 
-    def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """Predicted states [..., d] -> logits over the reduced vocabulary [..., draft_vocab]."""
-        return self.output(predicted)
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Layer outputs [..., d] -> logits over the reduced vocabulary [..., draft_vocab]."""
+        return self.lm_head(self.norm(out))
 
-    def step(self, states: torch.Tensor, next_tokens: torch.Tensor, cache: HeadCache) -> torch.Tensor:
-        """Inference: pairs at positions cache.length.. (states [n, d], next_tokens [n]) -> predictions [n, d]."""
+    def _attention_input(self, stream: torch.Tensor, next_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer.inputs(stream, self.embeddings[next_tokens].float())
+
+    def step(self, stream: torch.Tensor, next_tokens: torch.Tensor, cache: HeadCache) -> torch.Tensor:
+        """Inference: pairs at positions cache.length.. (stream [n, d], next_tokens [n]) -> outputs [n, d]."""
         start = cache.length
-        positions = torch.arange(start, start + states.shape[0], device=states.device)  # [n]
-        x = self.fuse_inputs(states[None].float(), next_tokens[None])  # [1, n, d]
-        q, k, v = self.attn.project(self.attn_norm(x), positions)
+        positions = torch.arange(start, start + stream.shape[0], device=stream.device)  # [n]
+        x, residual = self._attention_input(stream[None].float(), next_tokens[None])  # [1, n, 2d], [1, n, d]
+        q, k, v = self.layer.self_attn.project(x, positions)
         keys, values = cache.append(k, v)
-        mask = None if states.shape[0] == 1 else _causal_mask(positions, keys.shape[2])
-        return self.finish(x, self.attn.attend(q, keys, values, mask))[0]
+        mask = None if stream.shape[0] == 1 else _causal_mask(positions, keys.shape[2])
+        return self.layer.finish(residual, self.layer.self_attn.attend(q, keys, values, mask))[0]
 
-    def unrolled(self, states: torch.Tensor, next_tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Training: predictions [B, T, d] of each drafting step 1..steps, for every position at once.
+    def unrolled(self, stream: torch.Tensor, next_tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test: the outputs [B, T, d] of each drafting step 1..steps, for every position at once.
 
-        Step 1 reads the true states. Step s reads, at position t, step s-1's prediction made at
-        t-1, and attends to true pairs at positions <= t-s+1 and to step m's pair at t-s+m for
-        m = 2..s: exactly what drafting sees after s-1 accepted draft tokens.
+        `stream` [B, T, d] is fc of the target's states. Step 1 reads it. Step s reads, at position t, step
+        s-1's output made at t-1, and attends to true pairs at positions <= t-s+1 and to step m's pair at
+        t-s+m for m = 2..s: exactly what drafting sees after s-1 draft tokens. Tokens stay the true ones.
         """
-        length = states.shape[1]
-        positions = torch.arange(length, device=states.device)  # [T]
-        keys, values, predictions = [], [], []
-        inputs = states
+        length = stream.shape[1]
+        positions = torch.arange(length, device=stream.device)  # [T]
+        keys, values, outputs = [], [], []
+        inputs = stream
         for step in range(1, steps + 1):
-            x = self.fuse_inputs(inputs, next_tokens)  # [B, T, d]
-            q, k, v = self.attn.project(self.attn_norm(x), positions)
+            x, residual = self._attention_input(inputs, next_tokens)  # [B, T, 2d], [B, T, d]
+            q, k, v = self.layer.self_attn.project(x, positions)
             keys.append(k)
             values.append(v)
-            mask = unrolled_mask(length, step, states.device)  # [T, step * T]
-            predicted = self.finish(x, self.attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
-            predictions.append(predicted)
-            inputs = F.pad(predicted[:, :-1], (0, 0, 1, 0))  # position t reads the prediction made at t-1
-        return predictions
+            mask = unrolled_mask(length, step, stream.device)  # [T, step * T]
+            attended = self.layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+            out = self.layer.finish(residual, attended)
+            outputs.append(out)
+            inputs = F.pad(out[:, :-1], (0, 0, 1, 0))  # position t reads the output made at t-1
+        return outputs
 
 
 def unrolled_mask(length: int, step: int, device: torch.device) -> torch.Tensor:

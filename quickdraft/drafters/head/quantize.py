@@ -1,9 +1,9 @@
 """The head's int8 inference form: every matrix int8 with one scale per row, bfloat16 products.
 
 Drafting one token reads every weight of the head once: the reduced-vocabulary output rows
-(draft_vocab x d) dominate, then the layer's projections. In float32 that traffic made a head
-step a large fraction of the default (int8) target's one-token forward; the same per-row int8
-kernel the native runner uses (`_weight_int8pack_mm`, CPU only) reads a quarter of the bytes.
+(draft_vocab x d) dominate, then the layer's projections (and fc, once per committed position). In
+float32 that traffic made a head step a large fraction of the target's one-token forward; the same
+per-row int8 kernel the native runner uses (`_weight_int8pack_mm`, CPU only) reads a quarter of the bytes.
 A head's card reports the measured ratio c (`quickdraft.distill.evaluation.cost_ratio`).
 Norms, rotary and attention stay float32; only the matrix products change precision.
 
@@ -34,12 +34,11 @@ class Int8Linear(nn.Module):
 
 
 def quantize_head(head: DraftHead) -> DraftHead:
-    """Replace the head's matrices (fusion, projections, MLP, output rows) by int8 ones, in place."""
+    """Replace the head's matrices (fc, projections, MLP, output rows) by int8 ones, in place."""
     if head.embeddings.device.type != "cpu":
         return head
-    for owner in (head, head.attn):
+    for owner in list(head.modules()):
         for name, child in list(owner.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(owner, name, Int8Linear(child.weight))
-    head.output = Int8Linear(head.output.weight)
     return head.eval()
