@@ -7,7 +7,6 @@ k is. Every measurement is kept raw; aggregation happens in `summary`.
 
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from quickdraft.drafters.registry import check_name
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.measure import Generation, interleave
+from quickdraft.models.base import matrix_forms
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.store import local_model_dir
 
@@ -114,7 +114,7 @@ def run_bench(config: BenchConfig) -> dict:
         machine_at_end=machine_info(),
         chat_template=chat,
         runner=type(target.runner).__name__,
-        weights=dict(Counter(linear.form for linear in target.runner.linear_layers())),  # e.g. {"int4": 120, ...}
+        weights=matrix_forms(target.runner),  # e.g. {"int4": 120, ...}
     )
     return {
         "meta": meta,

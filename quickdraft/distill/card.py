@@ -1,11 +1,11 @@
 """The head's card: what it is for, how it was made, and what it measured, as Markdown."""
 
-from collections import Counter
 from dataclasses import asdict, dataclass
 
 from quickdraft.distill.data import AnswerConfig, Shard
 from quickdraft.distill.train import Example, TrainConfig
 from quickdraft.distill.vocab import VocabChoice
+from quickdraft.models.base import matrix_forms
 from quickdraft.models.loading import LoadedModel
 
 
@@ -43,8 +43,7 @@ def data_facts(shards: list[Shard], train: list[Example], heldout: list[Example]
 
 def runtime_words(target: LoadedModel) -> str:
     """e.g. "NativeRunner in bfloat16, matrices int4 120, int8 1": how the target computed."""
-    forms = Counter(linear.form for linear in target.runner.linear_layers())
-    matrices = ", ".join(f"{form} {count}" for form, count in forms.items())
+    matrices = ", ".join(f"{form} {count}" for form, count in matrix_forms(target.runner).items())
     return f"{type(target.runner).__name__} in {str(target.runner.dtype).removeprefix('torch.')}" + (
         f", matrices {matrices}" if matrices else ""
     )

@@ -23,6 +23,7 @@ norm (exactly the vector the output layer multiplies). Prefill returns them for 
 position, though it computes logits only for the last; with no ids nothing changes.
 """
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -93,6 +94,11 @@ class ModelRunner(Protocol):
         """Every matrix product of a forward, in order, each taking [rows, in] (bench-runtime times them alone:
         a decode ceiling); empty when the runner cannot isolate them (transformers)."""
         ...
+
+
+def matrix_forms(runner: ModelRunner) -> dict[str, int]:
+    """How many of the runner's matrices run in each form, e.g. {"int4": 120, "int8": 1}; empty for transformers."""
+    return dict(Counter(linear.form for linear in runner.linear_layers()))
 
 
 PREFILL_BLOCK = 128  # prompt positions per block: cut a prompt into forwards at multiples of it (`SequenceStep`)
