@@ -179,15 +179,20 @@ def shard_files(data_dir: Path) -> list[str]:
 
 def _write_shard(data_dir: Path, number: int, shard: Shard) -> dict:
     name = f"shard-{number:05d}.safetensors"
-    temporary = data_dir / f".{name}.partial"
-    save_file({field: getattr(shard, field).contiguous() for field in Shard.__dataclass_fields__}, str(temporary))
-    os.replace(temporary, data_dir / name)
+    save_tensors(data_dir / name, {field: getattr(shard, field).contiguous() for field in Shard.__dataclass_fields__})
     return {"file": name, "sequences": len(shard.lengths), "answer_tokens": shard.answer_tokens}
 
 
 def _read_shard(path: Path) -> Shard:
     tensors = load_file(str(path))
     return Shard(**{field: tensors[field] for field in Shard.__dataclass_fields__})
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write a safetensors file atomically (`.NAME.partial` beside it, then a rename): a kill leaves no half file."""
+    temporary = path.with_name(f".{path.name}.partial")
+    save_file(tensors, str(temporary))
+    os.replace(temporary, path)
 
 
 def write_json(path: Path, value: dict) -> None:

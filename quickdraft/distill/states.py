@@ -11,15 +11,14 @@ settings are refused rather than mixed).
 """
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from quickdraft.distill.data import Shard, load_shards, shard_files, write_json
+from quickdraft.distill.data import Shard, load_shards, save_tensors, shard_files, write_json
 from quickdraft.errors import UsageError
 from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 
@@ -59,12 +58,9 @@ def ensure_states(
             loaded = loaded or runner()
             states = shard_states(loaded, shard, (*aux_layers, num_layers))
             d = states.shape[1] // (len(aux_layers) + 1)
-            temporary = states_dir / f".{name}.partial"
-            save_file(
-                {"aux": states[:, : len(aux_layers) * d].contiguous(), "final": states[:, -d:].contiguous()},
-                str(temporary),
+            save_tensors(
+                cached, {"aux": states[:, : len(aux_layers) * d].contiguous(), "final": states[:, -d:].contiguous()}
             )
-            os.replace(temporary, cached)
         tensors = load_file(str(cached))
         result.append(ShardStates(tensors["aux"], tensors["final"]))
         progress(done, len(files))
