@@ -15,8 +15,7 @@ import time
 import torch
 
 from quickdraft.models.base import SequenceStep
-from quickdraft.models.native import native_runner_for
-from quickdraft.models.store import local_model_dir
+from quickdraft.models.loading import load_model
 
 CONTEXT = tuple(range(100, 164))
 
@@ -32,12 +31,11 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=400, help="prompt tokens of the prefill timing (default 400)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    path = local_model_dir(args.model, progress=False)
     batches, rows = [int(b) for b in args.batches.split(",")], [int(r) for r in args.rows.split(",")]
     print(f"{args.model}, {args.threads} threads, {len(CONTEXT)}-token contexts, median of {args.repeats}")
     print(f"{'dtype':>9} {'batch':>5} {'rows/seq':>8} {'ms':>7} {'rows/s':>7}")
     for dtype in args.dtypes.split(","):
-        runner = native_runner_for(path, dtype)
+        runner = load_model(args.model, runtime="native", dtype=dtype).runner
         slots = [runner.open_slot() for _ in range(max(batches))]
         runner.forward_batch([SequenceStep(slot, CONTEXT, "none") for slot in slots])
         for batch in batches:

@@ -14,8 +14,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from quickdraft.models.native import native_runner_for
-from quickdraft.models.store import local_model_dir
+from quickdraft.models.loading import load_model
 
 MATRIX_PRODUCTS = (
     "aten::_weight_int8pack_mm",
@@ -40,7 +39,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="operators listed (default 20)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    runner = native_runner_for(local_model_dir(args.model, progress=False), args.dtype)
+    runner = load_model(args.model, runtime="native", dtype=args.dtype).runner
     layers = runner.spec.num_layers
     context = [100 + i % 1000 for i in range(args.context)]
     runner.prefill(context)
