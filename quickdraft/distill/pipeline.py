@@ -43,6 +43,7 @@ from quickdraft.drafters.head.model import DraftHead, HeadConfig, default_aux_la
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.registry import hub_name
 from quickdraft.models.single_slot import batch_view
 
 Kind = Literal["head", "standalone"]
@@ -153,11 +154,11 @@ def _train_head(
     metrics = trainer.run()
     head.eval()
     extra = {"vocab_coverage": {"train": vocab.train_coverage, "heldout": vocab.heldout_coverage}, "heldout": metrics}
-    save_head(options.out, head, identity, verifier=options.target, **extra)
+    save_head(options.out, head, identity, verifier=hub_name(options.target), **extra)
     eval_prompts = evaluation.heldout_prompts(prompts, options.eval_prompts)
     _say(f"measuring the saved head with the engine (default runtime) on {len(eval_prompts)} held-out prompts")
     measured = evaluation.engine_metrics(target, options.out, eval_prompts, options.generation.max_new_tokens)
-    save_head(options.out, head, identity, verifier=options.target, **extra, engine=measured)
+    save_head(options.out, head, identity, verifier=hub_name(options.target), **extra, engine=measured)
     facts = card.Facts(
         target=options.target,
         identity=identity,

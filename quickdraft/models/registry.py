@@ -27,6 +27,7 @@ class BuiltinModel:
     size: int  # of the assembled GGUF file, bytes
     license: str
     description: str
+    hub_id: str  # the Hugging Face repository the GGUF was quantized from (what other engines load as the verifier)
 
 
 _SMOLLM2 = BuiltinModel(
@@ -37,6 +38,7 @@ _SMOLLM2 = BuiltinModel(
     size=98_362_432,
     license="Apache-2.0",
     description="SmolLM2 135M Instruct (Llama architecture, 30 layers, vocab 49,152, chat template)",
+    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
 )
 
 _GEMMA3 = BuiltinModel(
@@ -53,6 +55,14 @@ _GEMMA3 = BuiltinModel(
     size=253_113_024,
     license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
     description="Gemma 3 270M base, not instruction-tuned (18 layers, vocab 262,144)",
+    hub_id="google/gemma-3-270m",
 )
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {model.name: model for model in (_SMOLLM2, _GEMMA3)}
+
+
+def hub_name(name_or_path: str) -> str:
+    """The name another engine loads a model by: a built-in model's Hugging Face repository, anything else as
+    given (a hub id or a local path)."""
+    model = BUILTIN_MODELS.get(name_or_path)
+    return model.hub_id if model is not None else name_or_path
