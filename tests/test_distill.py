@@ -23,7 +23,7 @@ from quickdraft.distill import data as data_module
 from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards
 from quickdraft.distill.pipeline import DistillOptions, distill
 from quickdraft.distill.prompts import drop_evaluation_prompts, load_training_prompts, specbench_turns
-from quickdraft.distill.states import ensure_states, shard_states
+from quickdraft.distill.states import ensure_states, shard_states, states_seconds
 from quickdraft.distill.train import HeadObjective, TrainConfig, Trainer, evaluate, split_examples
 from quickdraft.distill.vocab import choose_vocab, count_tokens
 from quickdraft.drafters.head.files import build_head, load_head
@@ -77,6 +77,7 @@ def test_distill_writes_a_loadable_head_with_config_and_card(distilled, tiny_mod
     card = (out / "README.md").read_text()
     assert "held-out tau@3" in card and "answer tokens" in card and "```\ntest\n```" in card
     assert "EAGLE-3" in card and "written by the batched engine" in card
+    assert "shards (shard-00000.safetensors" in card and "Their states were recomputed in" in card
     engine = Engine(tiny_models["llama"], SpecConfig(drafter=f"head:{out}", k=3))
     expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate(
         "the quick brown fox", SamplingParams(max_new_tokens=20)
@@ -142,6 +143,8 @@ def test_states_are_the_targets_own_from_solo_forwards_and_cached_per_shard(dist
     cached = ensure_states(out / "data", tmp_path / "states", lambda: runner, default_aux_layers(2), 2, identity)
     again = ensure_states(out / "data", tmp_path / "states", no_runner, default_aux_layers(2), 2, identity)
     assert all(torch.equal(a.aux, b.aux) and torch.equal(a.final, b.final) for a, b in zip(cached, again))
+    seconds = states_seconds(out / "data", tmp_path / "states")  # recorded when computed, kept by the rerun
+    assert seconds is not None and seconds >= 0
     d = batched.shape[1] // 4
     assert torch.equal(cached[0].aux, batched[:, : 3 * d]) and torch.equal(cached[0].final, batched[:, 3 * d :])
     with pytest.raises(UsageError, match="states of other layers or another target; delete it"):

@@ -25,14 +25,16 @@ class Facts:
     aux_layers: tuple[int, ...]  # the target states the head fuses
     runtime: str  # the target's runtime and dtype that wrote the answers and the states (e.g. "native gguf")
     data_seconds: float  # the engine's time writing the answers, summed over the shards (and resumed runs)
+    states_seconds: float | None  # the time recomputing the shards' states (states.states_seconds), if recorded
     command: str
     parameters: int
     init_head: str | None = None  # the head training started from, if not a fresh one
 
 
-def data_facts(shards: list[Shard], train: list[Example], heldout: list[Example]) -> dict:
+def data_facts(shards: list[Shard], files: list[str], train: list[Example], heldout: list[Example]) -> dict:
     return {
         "shards": len(shards),
+        "files": f"{files[0]} to {files[-1]}" if len(files) > 1 else files[0],
         "sequences": sum(len(s.lengths) for s in shards),
         "answer_tokens": sum(s.answer_tokens for s in shards),
         "all_tokens": sum(int(s.lengths.sum()) for s in shards),
@@ -88,7 +90,8 @@ def render(facts: Facts) -> str:
         f"at most {facts.generation.max_new_tokens} tokens) to",
         f"training prompts of at most {facts.generation.max_prompt_tokens} tokens, stored as token shards; "
         "the target's states recomputed from them by batched forwards. "
-        f"{data['sequences']} sequences in {data['shards']} shards: {data['answer_tokens']} answer tokens",
+        f"{data['sequences']} sequences in {data['shards']} shards ({data['files']}): "
+        f"{data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences "
         "(prompt index % 20 == 0).",
         f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers "
@@ -103,6 +106,14 @@ def render(facts: Facts) -> str:
                 f"({data['answer_tokens'] / facts.data_seconds:.0f} answer tokens/s)."
             ]
             if facts.data_seconds > 0
+            else []
+        ),
+        *(
+            [
+                f"Their states were recomputed in {facts.states_seconds / 60:.1f} min "
+                f"({data['all_tokens'] / facts.states_seconds:.0f} tokens/s, prompts included)."
+            ]
+            if facts.states_seconds
             else []
         ),
         "",

@@ -24,9 +24,9 @@ import torch
 
 from quickdraft.config import SpecConfig
 from quickdraft.distill import card, evaluation
-from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, writing_rate
+from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, shard_files, writing_rate
 from quickdraft.distill.prompts import load_training_prompts
-from quickdraft.distill.states import ensure_states
+from quickdraft.distill.states import ensure_states, states_seconds
 from quickdraft.distill.train import (
     HELDOUT_EVERY,
     HeadObjective,
@@ -162,7 +162,7 @@ def _train_head(
     facts = card.Facts(
         target=options.target,
         identity=identity,
-        data=card.data_facts(shards, train, heldout),
+        data=card.data_facts(shards, shard_files(options.out / "data"), train, heldout),
         vocab=vocab,
         generation=options.generation,
         training=options.training,
@@ -174,6 +174,7 @@ def _train_head(
         aux_layers=shapes.aux_layers,
         runtime=card.runtime_words(target),
         data_seconds=writing_rate(options.out / "data")[1],
+        states_seconds=states_seconds(options.out / "data", options.out / "states"),
         command=options.command,
         parameters=sum(p.numel() for p in head.parameters()),
         init_head=str(options.init_head) if options.init_head else None,

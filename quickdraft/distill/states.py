@@ -7,10 +7,11 @@ forwards, each sequence in a KV cache slot of its own, as prompt chunks (`logits
 sequence's states are the same whatever else shares the forward. `DIR/states/` holds one file per
 data shard (`aux` [N, 3 * d] and `final` [N, d], bfloat16), written atomically; a rerun computes only
 the missing ones, and `manifest.json` there records the layers and the target they belong to (other
-settings are refused rather than mixed).
+settings are refused rather than mixed) and the seconds each shard's states took.
 """
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,22 +46,30 @@ def ensure_states(
     """The states of every data shard, computing (with the runner `runner()` gives, loaded only if needed)
     and caching the ones not yet on disk."""
     states_dir.mkdir(parents=True, exist_ok=True)
-    expected = {"target": identity, "aux_layers": list(aux_layers)}
+    manifest = {"target": identity, "aux_layers": list(aux_layers), "seconds": {}}
     path = states_dir / MANIFEST
-    if path.exists() and json.loads(path.read_text()) != expected:
-        raise UsageError(f"{states_dir} holds states of other layers or another target; delete it to recompute them")
-    write_json(path, expected)
+    if path.exists():
+        found = json.loads(path.read_text())
+        if any(found.get(key) != manifest[key] for key in ("target", "aux_layers")):
+            raise UsageError(
+                f"{states_dir} holds states of other layers or another target; delete it to recompute them"
+            )
+        manifest["seconds"] = found.get("seconds", {})
+    write_json(path, manifest)
     files, shards = shard_files(data_dir), load_shards(data_dir)
     loaded, result = None, []
     for done, (name, shard) in enumerate(zip(files, shards), start=1):
         cached = states_dir / name
         if not cached.exists():
             loaded = loaded or runner()
+            started = time.perf_counter()
             states = shard_states(loaded, shard, (*aux_layers, num_layers))
             d = states.shape[1] // (len(aux_layers) + 1)
             save_tensors(
                 cached, {"aux": states[:, : len(aux_layers) * d].contiguous(), "final": states[:, -d:].contiguous()}
             )
+            manifest["seconds"][name] = round(time.perf_counter() - started, 3)
+            write_json(path, manifest)
         tensors = load_file(str(cached))
         result.append(ShardStates(tensors["aux"], tensors["final"]))
         progress(done, len(files))
@@ -103,3 +112,11 @@ def _forward(runner: BatchRunner, sequences: list[list[int]], layers: tuple[int,
         for slot in slots:
             runner.close_slot(slot)
     return [torch.cat(parts) for parts in states]
+
+
+def states_seconds(data_dir: Path, states_dir: Path) -> float | None:
+    """Seconds the states of the data manifest's shards took to compute (over every run that computed them), or
+    None when some shard's time was not recorded."""
+    recorded = json.loads((states_dir / MANIFEST).read_text()).get("seconds", {})
+    files = shard_files(data_dir)
+    return sum(recorded[name] for name in files) if all(name in recorded for name in files) else None
