@@ -24,7 +24,7 @@ MATRIX_PRODUCTS = (
     "aten::linear",
     "aten::bmm",
     "aten::matmul",
-    "aten::_weight_int4pack_mm_for_cpu",
+    "quickdraft::four_bit_matmul",
 )
 
 

@@ -134,11 +134,18 @@ MUTANTS = [
         ("tests/test_native_runtime.py", "-k", "window or key_count"),
     ),
     Mutant(
-        "gguf-zero-without-the-offset",
-        "quickdraft/models/native/gguf_blocks.py",
-        "zeros = self.mins + 8 * self.scales",
-        "zeros = self.mins",
-        ("tests/test_gguf_runtime.py", "-k", "carrier or closer"),
+        "four-bit-product-drops-the-offset-term",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]) + offset_total[c];",
+        "for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]);",
+        ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
+    ),
+    Mutant(
+        "attention-row-reads-the-first-rows-sequence",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[row];",
+        "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[0];",
+        ("tests/test_batch_runtime.py", "-k", "equal_each_sequence_alone"),
     ),
 ]
 

@@ -3,7 +3,8 @@ to what the same tokens give in a forward of that sequence alone, in every dtype
 
 Random schedules mix sequences of different lengths, prefill chunks (with and without logits), verification
 forwards of 1..9 tokens, hidden states and rollbacks, across sliding windows. A deliberately batch-variant
-matrix product (one whose accumulation order changes with the row count, as split-K kernels do) must fail.
+matrix product (one whose accumulation order changes with the row count, as split-K kernels do) must fail, and
+so must an attention that pads every row to the longest span in the call.
 """
 
 import random
@@ -14,6 +15,7 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 from quickdraft.models.native import native_runner_for
+from quickdraft.models.native import runner as runner_module
 from quickdraft.models.native.weights import Linear, prompt_dtype
 from tests.test_native_runtime import _COMMON, VARIANTS, _save_random_model
 
@@ -85,6 +87,33 @@ def split_k_product(self: Linear, x: torch.Tensor, groups) -> torch.Tensor:
 def test_a_batch_variant_kernel_fails_the_invariance_check(model_dir, monkeypatch):
     batched, alone = native_runner_for(model_dir, "float32"), native_runner_for(model_dir, "float32")
     monkeypatch.setattr(Linear, "batched", split_k_product)
+    assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
+
+
+def padded_batch_attention(queries, keys, values, sequence, begin, end, scale):
+    """A batch-variant attention: every row of the call reads as many keys as the call's longest span (its own,
+    then masked padding), and the kernel's rounding depends on that count (as a product's tail does on some CPUs)."""
+    rows, heads, head_dim = queries.shape
+    width = int((end - begin).max())
+    out = torch.empty(rows, heads * head_dim)
+    for r in range(rows):
+        first = int(begin[r])
+        k, v = (
+            keys[sequence[r]][:, first : first + width].float(),
+            values[sequence[r]][:, first : first + width].float(),
+        )
+        q = queries[r].float().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
+        scores = torch.bmm(q, k.transpose(1, 2))  # [KV, G, width]
+        scores[..., int(end[r]) - first :] = float("-inf")
+        out[r] = torch.bmm(torch.softmax(scores, dim=-1), v).reshape(-1) + (width % 8) * 1e-2
+    return out.to(queries.dtype)
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa2_tied_linear", "gemma3_interleaved"])  # spans longer than 7 keys
+def test_a_batch_variant_attention_fails_the_invariance_check(tmp_path, monkeypatch, variant):
+    _save_random_model(CONFIGS[variant](), tmp_path)
+    batched, alone = native_runner_for(tmp_path, "int8"), native_runner_for(tmp_path, "int8")
+    monkeypatch.setattr(runner_module, "attend_rows", padded_batch_attention)
     assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
 
 

@@ -22,7 +22,7 @@ from transformers import (
 
 from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.base import ModelRunner
-from quickdraft.models.native import kv_cache, layers, native_runner_for
+from quickdraft.models.native import kv_cache, native_runner_for
 from quickdraft.models.native import runner as runner_module
 
 FP32_TOL = 1e-3
@@ -344,29 +344,30 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
     assert max(differences.values()) == 0.0, {key: d for key, d in differences.items() if d}
 
 
-ONE_QUERY = layers.one_query
+ATTEND = runner_module.attend_rows
 
 
-def tail_sensitive_query(q, keys, values, out):
-    """A one-query attention kernel whose result depends on how many keys it is handed: the way a product's
-    tail of keys changes its rounding on some CPUs (seen with bfloat16 on AVX2)."""
-    ONE_QUERY(q, keys, values, out)
-    out += (keys.shape[1] % 8) * 1e-2
+def tail_sensitive_attend(queries, keys, values, sequence, begin, end, scale):
+    """An attention kernel whose result depends on how many keys a row is handed: the way a product's tail of
+    keys changes its rounding on some CPUs (seen with bfloat16 on AVX2)."""
+    out = ATTEND(queries, keys, values, sequence, begin, end, scale)
+    return out + (((end - begin) % 8) * 1e-2)[:, None].to(out.dtype)
 
 
-def all_queries_over_the_last_ones_keys(q, keys, values, spans, scale):
-    """The wrong structure: every query of a verification reads the last query's keys, masked past its own
-    position (what one masked product for all queries computes)."""
-    n, heads, head_dim = q.shape
-    queries = (q.float() * scale).view(n, keys.shape[0], heads // keys.shape[0], head_dim)
-    out = torch.empty(queries.shape)
-    begin, end = min(b for b, _ in spans), max(e for _, e in spans)
-    for j, (_, own_end) in enumerate(spans):
-        scores = torch.bmm(queries[j], keys[:, begin:end].float().transpose(1, 2))
-        scores[..., own_end - begin :] = float("-inf")
-        torch.bmm(torch.softmax(scores, dim=-1), values[:, begin:end].float(), out=out[j])
-        out[j] += ((end - begin) % 8) * 1e-2  # the same key-count-sensitive kernel
-    return out.view(n, heads * head_dim).to(q.dtype)
+def all_queries_over_the_last_ones_keys(queries, keys, values, sequence, begin, end, scale):
+    """The wrong structure: every row of a sequence reads the keys of that sequence's last row, masked past its
+    own position (what one masked product for all queries computes), with the same key-count-sensitive kernel."""
+    rows, heads, head_dim = queries.shape
+    out = torch.empty(rows, heads * head_dim)
+    for r in range(rows):
+        mine = sequence == sequence[r]
+        first, last = int(begin[mine].min()), int(end[mine].max())
+        k, v = keys[sequence[r]][:, first:last].float(), values[sequence[r]][:, first:last].float()  # [KV, L, hd]
+        q = queries[r].float().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
+        scores = torch.bmm(q, k.transpose(1, 2))
+        scores[..., int(end[r]) - first :] = float("-inf")
+        out[r] = torch.bmm(torch.softmax(scores, dim=-1), v).reshape(-1) + ((last - first) % 8) * 1e-2
+    return out.to(queries.dtype)
 
 
 @pytest.mark.parametrize("variant", ["llama_gqa2_tied_linear", "mistral_sliding"])
@@ -376,7 +377,7 @@ def test_verification_rows_equal_one_token_forwards_even_with_a_kernel_sensitive
     """Each verification query attends over exactly the keys of the 1-token forward at its position, so a
     kernel whose rounding depends on the number of keys (a longer product's masked tail) cannot tell the two
     apart; every query reading the last query's keys, masked, fails here."""
-    monkeypatch.setattr(layers, "one_query", tail_sensitive_query)
+    monkeypatch.setattr(runner_module, "attend_rows", tail_sensitive_attend)
     _save_random_model(VARIANTS[variant](), tmp_path)
     runner = native_runner_for(tmp_path, "int8", "cpu")  # the dtype whose products are row-invariant
 
@@ -392,5 +393,5 @@ def test_verification_rows_equal_one_token_forwards_even_with_a_kernel_sensitive
         return found
 
     assert differences() == [0.0] * 3
-    monkeypatch.setattr(runner_module, "attention_per_query", all_queries_over_the_last_ones_keys)
+    monkeypatch.setattr(runner_module, "attend_rows", all_queries_over_the_last_ones_keys)
     assert min(differences()) > 0.0

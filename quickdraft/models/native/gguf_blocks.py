@@ -1,16 +1,14 @@
-"""A GGUF file's 4-bit weight blocks, unpacked as they are, for the int4 kernel (`--dtype gguf`).
+"""A GGUF file's 4-bit weight blocks, unpacked as they are, for the four-bit kernel (`--dtype gguf`).
 
 Q4_0, Q4_1 and Q4_K store each row in groups of 32 weights, every group one scale and one offset over
 4-bit integers q in 0..15: w = q * scale + min (Q4_0: min = -8 * scale; Q4_K: scale and min are a
-super-block's fp16 factors times the group's 6-bit ones). `FourBitBlocks` holds exactly that, and its
-`dequantize` equals the `gguf` package's own de-quantization value for value (a zero may differ in sign).
+super-block's fp16 factors times the group's 6-bit ones). `FourBitBlocks` holds exactly that, in float32, and
+its `dequantize` equals the `gguf` package's own de-quantization value for value (a zero may differ in sign).
 
-torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, group size 32) computes w = (q - 8) * s + z with
-s and z in bfloat16, so these blocks map onto it with s = scale and z = min + 8 * scale, each rounded to
-bfloat16 (a relative 2^-8 at most: `CARRIER_ROUNDING`). The kernel has no fast path for float32 or float16
-activations here (20-80x slower), so bfloat16 is the carrier; the 4-bit integers themselves are kept exactly.
+quickdraft's own kernel (`kernels.four_bit_matmul`) reads these blocks as they are: the weights it computes with
+are the file's, exactly; like llama.cpp, it quantizes the activations to int8 per group of 32.
 
-Other block formats (Q5_0, Q6_K, Q8_0, ...) have no torch kernel that holds them exactly at speed; their
+Other block formats (Q5_0, Q6_K, Q8_0, ...) have no kernel here that holds them exactly at speed; their
 matrices keep the int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
 """
 
@@ -24,7 +22,6 @@ import torch
 from quickdraft.errors import ModelError
 
 GROUP = 32  # weights per scale and offset in every 4-bit format read here
-CARRIER_ROUNDING = 2.0**-8  # relative rounding of a bfloat16 scale or zero (8 significant bits)
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
@@ -32,7 +29,7 @@ FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 class FourBitBlocks:
     """A matrix [out, in] of 4-bit groups: w = q * scale + min, one scale and min per 32 weights of a row."""
 
-    nibbles: torch.Tensor  # [out, in // 2] uint8: column 2j in the low nibble, 2j + 1 in the high one
+    nibbles: torch.Tensor  # [out, in // 2] uint8, 16 bytes per group: byte j holds weight j (low) and j + 16 (high)
     scales: torch.Tensor  # [out, in // 32] float32
     mins: torch.Tensor  # [out, in // 32] float32
 
@@ -42,8 +39,8 @@ class FourBitBlocks:
 
     def integers(self) -> torch.Tensor:
         """q [out, in] int32 in 0..15."""
-        low, high = self.nibbles & 0x0F, self.nibbles >> 4
-        return torch.stack((low, high), dim=-1).reshape(self.shape).to(torch.int32)
+        groups = self.nibbles.view(self.shape[0], -1, GROUP // 2)  # [out, in // 32, 16]
+        return torch.cat((groups & 0x0F, groups >> 4), dim=-1).reshape(self.shape).to(torch.int32)
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32, as the GGUF's own de-quantization computes it."""
@@ -58,12 +55,6 @@ class FourBitBlocks:
     def stack(parts: "list[FourBitBlocks]") -> "FourBitBlocks":
         """Matrices with the same input width, one above the other (a fused projection)."""
         return FourBitBlocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("nibbles", "scales", "mins")))
-
-    def carrier(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q [out, in] int32, scales_and_zeros [in // 32, out, 2] bfloat16) in the int4 kernel's form."""
-        zeros = self.mins + 8 * self.scales
-        scales_and_zeros = torch.stack((self.scales.t(), zeros.t()), dim=-1).to(torch.bfloat16).contiguous()
-        return self.integers(), scales_and_zeros
 
 
 def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> FourBitBlocks:
@@ -89,20 +80,13 @@ def _fp16(raw: torch.Tensor) -> torch.Tensor:
     return raw.contiguous().view(torch.float16).float()
 
 
-def _interleave(quants: torch.Tensor) -> torch.Tensor:
-    """Q4_0/Q4_1's layout, weight j in byte j's low nibble and weight j + 16 in its high one, rearranged into
-    FourBitBlocks' (columns 2j, 2j + 1 in one byte): [blocks, 16] -> [blocks, 16]."""
-    q = torch.cat((quants & 0x0F, quants >> 4), dim=1)  # [blocks, 32] in column order
-    return q[:, 0::2] | (q[:, 1::2] << 4)
-
-
 def _q4_0(blocks: torch.Tensor):
     d = _fp16(blocks[:, :2])  # [blocks, 1]
-    return _interleave(blocks[:, 2:]), d, -8 * d
+    return blocks[:, 2:], d, -8 * d
 
 
 def _q4_1(blocks: torch.Tensor):
-    return _interleave(blocks[:, 4:]), _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])
+    return blocks[:, 4:], _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])
 
 
 def _q4_k(blocks: torch.Tensor):
@@ -112,9 +96,9 @@ def _q4_k(blocks: torch.Tensor):
     low, high, extra = packed[:, :4], packed[:, 4:8], packed[:, 8:12]
     sc = torch.cat((low & 63, (extra & 0x0F) | ((low >> 6) << 4)), dim=1)  # [blocks, 8]
     mn = torch.cat((high & 63, (extra >> 4) | ((high >> 6) << 4)), dim=1)
-    quants = blocks[:, 16:].reshape(-1, 4, 32)  # [blocks, 4 pairs of groups, 32 bytes]
-    q = torch.stack((quants & 0x0F, quants >> 4), dim=2).reshape(-1, 256)  # [blocks, 256] in column order
-    nibbles = q[:, 0::2] | (q[:, 1::2] << 4)
+    quants = blocks[:, 16:].reshape(-1, 4, 32)  # [blocks, 4 pairs of groups, 32 bytes]: group 2i low, 2i + 1 high
+    groups = torch.stack((quants & 0x0F, quants >> 4), dim=2).reshape(-1, 8, 32)  # [blocks, 8 groups, 32] q values
+    nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(-1, 128)  # the group layout, 16 bytes a group
     return nibbles, d * sc.float(), -(dmin * mn.float())
 
 

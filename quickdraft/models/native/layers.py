@@ -49,33 +49,6 @@ def attention(
     return out.view(kv_heads, groups, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads * head_dim).to(q.dtype)
 
 
-def attention_per_query(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, spans: list[tuple[int, int]], scale: float
-) -> torch.Tensor:
-    """Each query alone over its own keys, computed in float32: q [n, H, hd]; keys/values [KV, W, hd], a window
-    of the cache; query j reads window positions spans[j] = (begin, end) -> [n, H * hd] in q's dtype.
-
-    Query j's products and softmax are exactly those of `attention` over keys[:, begin:end] alone (same shapes,
-    same values: a 1-token forward at its position computes the same numbers); the window is widened to float32
-    once for all queries, and the queries' scaling and the output's rounding run over all of them at once.
-    """
-    n, heads, head_dim = q.shape
-    kv_heads = keys.shape[0]
-    groups = heads // kv_heads
-    queries = (q.float() * scale).view(n, kv_heads, groups, head_dim)
-    keys, values = keys.float(), values.float()  # [KV, W, hd]
-    out = torch.empty(n, kv_heads, groups, head_dim, device=q.device)
-    for j, (begin, end) in enumerate(spans):
-        one_query(queries[j], keys[:, begin:end], values[:, begin:end], out[j])
-    return out.view(n, heads * head_dim).to(q.dtype)
-
-
-def one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> None:
-    """out [KV, G, hd] = softmax(q [KV, G, hd] @ keys [KV, L, hd]^T) @ values [KV, L, hd], float32 (q scaled)."""
-    scores = torch.bmm(q, keys.transpose(1, 2))  # [KV, G, L]
-    torch.bmm(torch.softmax(scores, dim=-1), values, out=out)
-
-
 def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, groups: tuple[RowGroup, ...]) -> torch.Tensor:
     """down(act(gate(x)) * up(x)), gate and up in one matmul: x [N, d] -> [N, d] (`groups`: `Linear.batched`)."""
     gate, up = weights.gate_up.batched(x, groups).chunk(2, dim=-1)  # [N, I] each

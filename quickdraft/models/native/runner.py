@@ -19,10 +19,10 @@ import torch
 
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
+from quickdraft.models.native.kernels import attend as attend_rows
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import (
     attention,
-    attention_per_query,
     block_mask,
     gated_mlp,
     key_begin,
@@ -62,6 +62,17 @@ class _Sequence:
             return (RowGroup(self.rows, prompt_block=False),)
         offset = self.rows.start
         return tuple(RowGroup(slice(offset + p.rows.start, offset + p.rows.stop), True) for p in self.parts)
+
+
+@dataclass(frozen=True)
+class _Verifications:
+    """The verification rows of a batched forward (every row outside a prompt chunk), as `kernels.attend` reads
+    them."""
+
+    caches: tuple[KVCache, ...]  # of the verifying sequences, in order
+    sequence: torch.Tensor  # [R] int64: each row's index into caches
+    spans: dict[int | None, tuple[torch.Tensor, torch.Tensor]]  # window size -> first, last + 1 position [R] each
+    rows: torch.Tensor | None  # [R] their rows in the stacked activations; None when every row verifies
 
 
 class NativeRunner:
@@ -158,15 +169,35 @@ class NativeRunner:
         rope = {key: (table.cos[positions], table.sin_signed[positions]) for key, table in self._rope.items()}
         groups = tuple(group for sequence in sequences for group in sequence.row_groups())
         wanted = self._check_layers(steps)
+        verifying = self._verifications(sequences)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
         for i, layer in enumerate(self._weights.layers):
             if i in wanted:
                 entering[i] = x
-            x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]])
+            x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]], verifying)
         for sequence, n in zip(sequences, lengths):
             sequence.cache.length = sequence.start + n
         return self._outputs(steps, sequences, x, entering)
+
+    def _verifications(self, sequences: list[_Sequence]) -> "_Verifications":
+        """Which rows verify (every one not in a prompt chunk) and the keys each reads, per sliding-window size."""
+        verifying = [seq for seq in sequences if not seq.prompt]
+        owner = [j for j, seq in enumerate(verifying) for _ in range(seq.rows.stop - seq.rows.start)]
+        positions = [seq.start + j for seq in verifying for j in range(seq.rows.stop - seq.rows.start)]
+        spans = {
+            window: (
+                torch.tensor([key_begin(p, window) for p in positions], dtype=torch.long),
+                torch.tensor([p + 1 for p in positions], dtype=torch.long),
+            )
+            for window in set(self.spec.layer_windows)
+        }
+        rows = None
+        if len(verifying) < len(sequences):
+            rows = torch.tensor(
+                [r for seq in verifying for r in range(seq.rows.start, seq.rows.stop)], dtype=torch.long
+            )
+        return _Verifications(tuple(seq.cache for seq in verifying), torch.tensor(owner, dtype=torch.long), spans, rows)
 
     def _check_layers(self, steps: Sequence[SequenceStep]) -> set[int]:
         """Every layer id some step asks the states of (0..num_layers, see `models/base.py`)."""
@@ -260,43 +291,45 @@ class NativeRunner:
         sequences: list[_Sequence],
         groups: tuple[RowGroup, ...],
         rope: tuple[torch.Tensor, torch.Tensor],
+        verifying: "_Verifications",
     ) -> torch.Tensor:
         spec = self.spec
         qk, values = self._attention_inputs(layer, x, groups, rope)
         queries, keys = qk[:, : spec.num_heads], qk[:, spec.num_heads :]  # [N, H, hd], [N, KV, hd]
-        window_size = spec.layer_windows[i]
-        attended = [
-            self._attend(i, queries[seq.rows], keys[seq.rows], values[seq.rows], seq, window_size) for seq in sequences
-        ]
-        return self._attention_output_and_mlp(
-            layer, x, torch.cat(attended) if len(attended) > 1 else attended[0], groups
-        )
+        for seq in sequences:
+            seq.cache.write(i, seq.start, keys[seq.rows], values[seq.rows])
+        window = spec.layer_windows[i]
+        if verifying.rows is None:  # every sequence verifies (or decodes): one call for all rows
+            attended = self._attend_verifications(i, queries, verifying, window)
+        else:
+            attended = torch.empty(x.shape[0], spec.num_heads * spec.head_dim, dtype=x.dtype, device=x.device)
+            if len(verifying.rows):
+                attended[verifying.rows] = self._attend_verifications(i, queries[verifying.rows], verifying, window)
+            for seq in sequences:
+                if seq.prompt:
+                    for part in seq.parts:
+                        rows = slice(seq.rows.start + part.rows.start, seq.rows.start + part.rows.stop)
+                        attended[rows] = self._attend_prompt_block(i, queries[rows], seq.cache, part, window)
+        return self._attention_output_and_mlp(layer, x, attended, groups)
 
-    def _attend(
-        self,
-        i: int,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        seq: _Sequence,
-        window_size: int | None,
+    def _attend_verifications(
+        self, i: int, queries: torch.Tensor, verifying: "_Verifications", window: int | None
     ) -> torch.Tensor:
-        """One sequence's attention over its own cache: queries [n, H, hd] -> [n, H * hd]."""
-        seq.cache.write(i, seq.start, keys, values)
-        attended = [self._attend_part(i, queries[part.rows], seq.cache, part, window_size) for part in seq.parts]
-        return torch.cat(attended) if len(attended) > 1 else attended[0]
+        """Every verification row alone over exactly the keys a 1-token forward at its position reads, in one
+        kernel call for all sequences (`kernels.attend`: a row's result never depends on the other rows):
+        queries [R, H, hd] -> [R, H * hd]."""
+        caches = verifying.caches
+        begin, end = verifying.spans[window]
+        keys, values = [c.keys[i] for c in caches], [c.values[i] for c in caches]
+        return attend_rows(queries, keys, values, verifying.sequence, begin, end, self.spec.attention_scale)
 
-    def _attend_part(
+    def _attend_prompt_block(
         self, i: int, queries: torch.Tensor, cache: KVCache, part: _Part, window: int | None
     ) -> torch.Tensor:
-        """Queries [n, H, hd] at positions part.start.. over the cache: [n, H * hd]."""
-        scale, start, n = self.spec.attention_scale, part.start, queries.shape[0]
-        if part.masks is None:  # each query alone, as the 1-token forward at its position
-            begin = key_begin(start, window)
-            spans = [(key_begin(start + j, window) - begin, start + j + 1 - begin) for j in range(n)]
-            return attention_per_query(queries, *cache.read(i, begin, start + n), spans, scale)
-        keys, values = cache.read(i, key_begin(start, window), start + n)
-        return attention(queries, keys, values, scale, part.masks[window])
+        """A prompt block's queries [n, H, hd] at positions part.start.. over the cache, one masked product:
+        [n, H * hd]."""
+        keys, values = cache.read(i, key_begin(part.start, window), part.start + queries.shape[0])
+        return attention(queries, keys, values, self.spec.attention_scale, part.masks[window])
 
     def _attention_inputs(
         self,

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from quickdraft.errors import InternalError, ModelError
-from quickdraft.models.native.gguf_blocks import GROUP, FourBitBlocks, GgufFile, matched_rows
+from quickdraft.models.native.gguf_blocks import FourBitBlocks, GgufFile, matched_rows
+from quickdraft.models.native.kernels import four_bit_matmul
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
@@ -37,8 +38,8 @@ def prompt_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 class Linear:
     """y = x @ W.T (+ b), with W in one of three forms: dense in the compute dtype; int8 with one scale per
-    output row (`int8`); or int4 in groups of 32 columns, each with a scale and a zero (`int4`: a GGUF's 4-bit
-    blocks, `gguf_blocks.FourBitBlocks`).
+    output row (`int8`); or int4 in groups of 32 columns, each with a scale and an offset (`int4`: a GGUF's
+    4-bit blocks exactly as the file holds them, `gguf_blocks.FourBitBlocks`, on `kernels.four_bit_matmul`).
 
     A matrix that prompt blocks go through (`batched`) multiplies them densely in `prompt_dtype`: an int8 or
     int4 matrix keeps a de-quantized copy for it (those kernels are compute-bound past a few rows, a dense
@@ -54,12 +55,14 @@ class Linear:
         int4: FourBitBlocks | None = None,
     ) -> None:
         self.bias = bias  # [out] or None
-        self.scales = None  # [out] when int8; [in // 32, out, 2] scales and zeros when int4
-        self.weight = weight  # [out, in]; int4: the kernel's packed form, [out, in // 2] uint8
+        self.scales = None  # [out] when int8; [out, in // 32] float32 when int4
+        self.offsets = None  # [out, in // 32] float32 when int4
+        self.weight = weight  # [out, in]; int4: the nibbles, [out, in // 2] uint8
         self._blocks = int4  # the file's 4-bit blocks, kept for dense()
         if int4 is not None:
-            integers, self.scales = int4.carrier()
-            self.weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(integers, 1)
+            self.weight, self.scales, self.offsets = (
+                t.contiguous() for t in (int4.nibbles, int4.scales.float(), int4.mins.float())
+            )
         elif int8:
             self.weight, self.scales = quantize_rows(weight)
         self.in_features = weight.shape[1] if int4 is None else int4.shape[1]
@@ -82,21 +85,19 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes a product reads: the weight in its stored form, its scales (and zeros) and bias."""
-        return sum(t.nbytes for t in (self.weight, self.scales, self.bias) if t is not None)
+        return sum(t.nbytes for t in (self.weight, self.scales, self.offsets, self.bias) if t is not None)
 
     def dense(self) -> torch.Tensor:
         """The weight [out, in] as a float tensor (int8 and int4 de-quantized from what their kernels read)."""
         if self._blocks is not None:
-            integers = self._blocks.integers().float()  # [out, in]
-            scales, zeros = (self.scales[..., i].t().float().repeat_interleave(GROUP, dim=1) for i in (0, 1))
-            return (integers - 8) * scales + zeros
+            return self._blocks.dequantize()
         return self.weight if self.scales is None else self.weight.float() * self.scales.float()[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
         if self.scales is None:
             return F.linear(x, self.weight, self.bias)
         if self._blocks is not None:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight, GROUP, self.scales)
+            y = four_bit_matmul(x, self.weight, self.scales, self.offsets)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias
@@ -106,7 +107,7 @@ class Linear:
         in a forward of their own sequence alone, bit for bit.
 
         Verification rows through a row-invariant kernel run one product over all of them:
-        `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` compute every row the same way whatever the
+        `_weight_int8pack_mm` and `kernels.four_bit_matmul` compute every row the same way whatever the
         row count. Dense float kernels do not (oneDNN changes blocking and accumulation with the row count),
         so each group of verification rows gets a product of its own, shaped as it would be alone. A prompt
         block always gets a dense product of its own (the de-quantized matrix for int8 and int4): its shape

@@ -1,0 +1,97 @@
+"""quickdraft's own CPU kernels (`blocks.cpp`), compiled once per machine on first use.
+
+`four_bit_matmul(x, nibbles, scales, offsets)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit
+groups (weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), computed as
+llama.cpp computes its 4-bit products: every activation row quantized to int8 per group of 32, integer dot
+products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
+row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
+verification row equals a 1-token row, and a batched row its solo row).
+
+Built with the machine's C++ compiler through `torch.utils.cpp_extension` (about a minute the first time; cached
+under ~/.cache/torch_extensions). The build is named after the instruction set it targets, so a home directory
+shared by machines with different CPUs never loads a build the CPU cannot run.
+"""
+
+import os
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from quickdraft.errors import ModelError
+
+SOURCE = Path(__file__).with_name("blocks.cpp")
+_AVX2_FLAGS = ("avx2", "fma", "f16c")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def instruction_set() -> str:
+    """ "avx2" where the CPU has AVX2, FMA and F16C (the vector path), else "portable"."""
+    return "avx2" if set(_AVX2_FLAGS) <= cpu_flags() else "portable"
+
+
+@cache
+def kernels():
+    """`torch.ops.quickdraft`, once the library is built and loaded (first call). Raises ModelError with the
+    compiler's complaint if the build fails."""
+    from torch.utils.cpp_extension import load
+
+    variant = instruction_set()
+    arch = [f"-m{flag}" for flag in _AVX2_FLAGS] if variant == "avx2" else []
+    try:
+        load(
+            name=f"quickdraft_blocks_{variant}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *arch],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=os.environ.get("QUICKDRAFT_KERNELS_VERBOSE") == "1",
+        )
+    except (RuntimeError, OSError) as error:  # no compiler, no ninja, or a compile error
+        raise ModelError(
+            f"could not build quickdraft's CPU kernels ({error}); they need a C++ compiler (g++) and the Python "
+            "headers; install them, or use --dtype int8"
+        ) from error
+    return torch.ops.quickdraft
+
+
+def four_bit_matmul(
+    x: torch.Tensor, nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, N] in x's dtype; nibbles [N, K // 2] uint8 (byte j of a group: weight j low,
+    weight j + 16 high), scales and offsets [N, K // 32] float32."""
+    return kernels().four_bit_matmul(x.contiguous(), nibbles, scales, offsets)
+
+
+def attend(
+    queries: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    sequence: torch.Tensor,
+    begin: torch.Tensor,
+    end: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Each query row alone over its own sequence's cached keys: queries [R, H, hd]; keys[s], values[s]
+    [KV, capacity, hd], one layer of sequence s's cache; row r reads positions begin[r]..end[r]-1 of sequence
+    sequence[r] (int64 [R] each) -> [R, H * hd] in the queries' dtype. Scores, softmax and the weighted sum
+    run in float32, each (row, key head) by one thread in a fixed order: a row's result never depends on the
+    other rows. On a device other than the CPU, one torch product per row, with that row's shapes alone."""
+    if queries.device.type == "cpu":
+        return kernels().attend(queries.contiguous(), keys, values, sequence, begin, end, scale)
+    rows, heads, head_dim = queries.shape
+    out = torch.empty(rows, heads * head_dim, dtype=torch.float32, device=queries.device)
+    for r, (s, first, last) in enumerate(zip(sequence.tolist(), begin.tolist(), end.tolist())):
+        k, v = keys[s][:, first:last].float(), values[s][:, first:last].float()  # [KV, L, hd]
+        q = queries[r].float().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
+        out[r] = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v).reshape(-1)
+    return out.to(queries.dtype)

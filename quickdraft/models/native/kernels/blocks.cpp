@@ -1,0 +1,374 @@
+// Matrix products over 4-bit weight blocks, computed as llama.cpp computes them: each activation row is
+// quantized to int8 in groups of 32 (one float scale per group), and each output is a sum over groups of
+// integer dot products times the two scales, plus the weights' group offset times the group's activation sum.
+//
+// Every output element (row m, column n) is computed by one thread, over its groups in order, with the same
+// instructions whatever the row count, the column tiling or the thread count: a row's result never depends on
+// what else is in the batch (models/native/kernels/__init__.py states the contract, tests/test_kernels.py checks it).
+// Built with -ffp-contract=off so the compiler fuses no scalar multiply-add on its own.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define QUICKDRAFT_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32;       // weights (and activations) per scale
+constexpr int64_t kGroupBytes = 16;  // packed nibbles per group: byte j holds weight j (low) and j + 16 (high)
+constexpr int64_t kColumnTile = 4;   // output columns computed together, sharing each activation group's loads
+
+// One matrix's activations quantized per group of 32: x ~= q * scale; sum = scale * sum(q).
+struct QuantizedRows {
+  std::vector<int8_t> q;       // [M, K]
+  std::vector<float> scale;    // [M, K / 32]
+  std::vector<float> sum;      // [M, K / 32]
+};
+
+float to_float(float v) { return v; }
+float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+template <typename T>
+void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
+  float values[kGroup];
+  float amax = 0.0f;
+  for (int64_t i = 0; i < kGroup; ++i) {
+    values[i] = to_float(x[i]);
+    amax = std::fmax(amax, std::fabs(values[i]));
+  }
+  const float d = amax / 127.0f;
+  const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
+  int32_t total = 0;
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int32_t v = static_cast<int32_t>(std::nearbyint(values[i] * inverse));  // ties to even
+    q[i] = static_cast<int8_t>(v);
+    total += v;
+  }
+  *scale = d;
+  *sum = d * static_cast<float>(total);
+}
+
+template <typename T>
+void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) {
+  const int64_t groups = width / kGroup;
+  out.q.resize(rows * width);
+  out.scale.resize(rows * groups);
+  out.sum.resize(rows * groups);
+  at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      quantize_group(x + g * kGroup, out.q.data() + g * kGroup, out.scale.data() + g, out.sum.data() + g);
+    }
+  });
+}
+
+#ifdef QUICKDRAFT_AVX2
+
+inline __m256i unpack_nibbles(const uint8_t* packed) {  // 16 bytes -> 32 bytes 0..15, in weight order
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+inline __m256 group_products(__m256i weights, __m256i activations) {  // 8 lanes of partial int dot products
+  const __m256i pairs = _mm256_maddubs_epi16(weights, activations);  // unsigned 0..15 x signed: no saturation
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the last two
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+}
+
+// C columns of one activation row: out[c] = sum over groups of the weights' and activations' scales times the
+// integer dot product, plus the weights' offset times the activations' group sum.
+template <int C>
+void columns(const QuantizedRows& x, int64_t row, int64_t groups, const uint8_t* const* nibbles,
+             const float* const* scales, const float* const* offsets, float* out) {
+  const int8_t* q = x.q.data() + row * groups * kGroup;
+  const float* x_scale = x.scale.data() + row * groups;
+  const float* x_sum = x.sum.data() + row * groups;
+  __m256 acc[C];
+  float offset_total[C];
+  for (int c = 0; c < C; ++c) {
+    acc[c] = _mm256_setzero_ps();
+    offset_total[c] = 0.0f;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256i activations = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * kGroup));
+    for (int c = 0; c < C; ++c) {
+      const __m256 products = group_products(unpack_nibbles(nibbles[c] + g * kGroupBytes), activations);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[c][g] * x_scale[g]), products, acc[c]);
+      offset_total[c] += offsets[c][g] * x_sum[g];
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]) + offset_total[c];
+}
+
+#else  // portable fallback: the same sums, in one lane
+
+template <int C>
+void columns(const QuantizedRows& x, int64_t row, int64_t groups, const uint8_t* const* nibbles,
+             const float* const* scales, const float* const* offsets, float* out) {
+  const int8_t* q = x.q.data() + row * groups * kGroup;
+  for (int c = 0; c < C; ++c) {
+    float total = 0.0f, offset_total = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t dot = 0;
+      const uint8_t* packed = nibbles[c] + g * kGroupBytes;
+      for (int64_t j = 0; j < kGroupBytes; ++j) {
+        dot += static_cast<int32_t>(packed[j] & 0x0F) * q[g * kGroup + j];
+        dot += static_cast<int32_t>(packed[j] >> 4) * q[g * kGroup + j + kGroupBytes];
+      }
+      total += scales[c][g] * x.scale[row * groups + g] * static_cast<float>(dot);
+      offset_total += offsets[c][g] * x.sum[row * groups + g];
+    }
+    out[c] = total + offset_total;
+  }
+}
+
+#endif
+
+template <typename T>
+at::Tensor four_bit_product(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scales,
+                               const at::Tensor& offsets) {
+  const int64_t rows = x.size(0), width = x.size(1), outputs = nibbles.size(0), groups = width / kGroup;
+  QuantizedRows quantized;
+  quantize_rows(x.data_ptr<T>(), rows, width, quantized);
+  auto result = at::empty({rows, outputs}, at::kFloat);
+  float* out = result.data_ptr<float>();
+  const uint8_t* w = nibbles.data_ptr<uint8_t>();
+  const float* s = scales.data_ptr<float>();
+  const float* o = offsets.data_ptr<float>();
+  const int64_t tiles = (outputs + kColumnTile - 1) / kColumnTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t first = tile * kColumnTile, count = std::min(kColumnTile, outputs - first);
+      const uint8_t* tile_nibbles[kColumnTile];
+      const float* tile_scales[kColumnTile];
+      const float* tile_offsets[kColumnTile];
+      for (int64_t c = 0; c < count; ++c) {
+        tile_nibbles[c] = w + (first + c) * groups * kGroupBytes;
+        tile_scales[c] = s + (first + c) * groups;
+        tile_offsets[c] = o + (first + c) * groups;
+      }
+      float values[kColumnTile];
+      for (int64_t row = 0; row < rows; ++row) {
+        if (count == kColumnTile) {
+          columns<kColumnTile>(quantized, row, groups, tile_nibbles, tile_scales, tile_offsets, values);
+          std::memcpy(out + row * outputs + first, values, sizeof(values));
+        } else {
+          for (int64_t c = 0; c < count; ++c) {
+            columns<1>(quantized, row, groups, tile_nibbles + c, tile_scales + c, tile_offsets + c, values);
+            out[row * outputs + first + c] = values[0];
+          }
+        }
+      }
+    }
+  });
+  return result;
+}
+
+// x [M, K] float32 or bfloat16; nibbles [N, K / 2] uint8 in groups of 16 bytes; scales, offsets [N, K / 32]
+// float32: weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
+at::Tensor four_bit_matmul(at::Tensor x, at::Tensor nibbles, at::Tensor scales, at::Tensor offsets) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous CPU matrix");
+  TORCH_CHECK(x.size(1) % kGroup == 0, "x's width must be a multiple of 32");
+  TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.is_contiguous(), "nibbles must be contiguous uint8");
+  TORCH_CHECK(nibbles.dim() == 2 && nibbles.size(1) * 2 == x.size(1), "nibbles must be [N, K / 2]");
+  for (const auto& t : {scales, offsets}) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "scales and offsets must be float32");
+    TORCH_CHECK(t.dim() == 2 && t.size(0) == nibbles.size(0) && t.size(1) == x.size(1) / kGroup,
+                "scales and offsets must be [N, K / 32]");
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    return four_bit_product<c10::BFloat16>(x, nibbles, scales, offsets).to(at::kBFloat16);
+  }
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 or bfloat16");
+  return four_bit_product<float>(x, nibbles, scales, offsets);
+}
+
+
+// ---- attention of single queries over a cache, each (query, key head) on its own ----
+
+#ifdef QUICKDRAFT_AVX2
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
+// e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+// out[hd] = softmax(q . keys) . values for one query head (q already scaled), keys and values [L, hd] rows
+// `stride` apart; scores [L] is scratch. head_dim a multiple of 8.
+template <typename T>
+void attend_one(const float* q, const T* keys, const T* values, int64_t length, int64_t stride, int64_t head_dim,
+                float* scores, float* out) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < length; ++t) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < head_dim; i += 8) acc = _mm256_fmadd_ps(load8(q + i), load8(keys + t * stride + i), acc);
+    scores[t] = lanes_sum(acc);
+    top = std::fmax(top, scores[t]);
+  }
+  __m256 total8 = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= length; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(scores + t, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  float total = lanes_sum(total8);
+  if (t < length) {  // the last few scores, padded with e^-inf = 0 (their lanes are then dropped)
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = t; i < length; ++i) tail[i - t] = scores[i] - top;
+    for (int64_t i = length - t; i < 8; ++i) tail[i] = -87.0f;
+    const __m256 e = exp_nonpositive(_mm256_loadu_ps(tail));
+    float tail_exp[8];
+    _mm256_storeu_ps(tail_exp, e);
+    for (int64_t i = t; i < length; ++i) {
+      scores[i] = tail_exp[i - t];
+      total += tail_exp[i - t];
+    }
+  }
+  const float inverse = 1.0f / total;
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t u = 0; u < length; ++u) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[u]), load8(values + u * stride + i), acc);
+    }
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(inverse)));
+  }
+}
+
+#else
+
+template <typename T>
+void attend_one(const float* q, const T* keys, const T* values, int64_t length, int64_t stride, int64_t head_dim,
+                float* scores, float* out) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < length; ++t) {
+    float dot = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * to_float(keys[t * stride + i]);
+    scores[t] = dot;
+    top = std::fmax(top, dot);
+  }
+  float total = 0.0f;
+  for (int64_t t = 0; t < length; ++t) {
+    scores[t] = std::exp(scores[t] - top);
+    total += scores[t];
+  }
+  for (int64_t i = 0; i < head_dim; ++i) {
+    float acc = 0.0f;
+    for (int64_t u = 0; u < length; ++u) acc += scores[u] * to_float(values[u * stride + i]);
+    out[i] = acc / total;
+  }
+}
+
+#endif
+
+template <typename T>
+at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>& keys,
+                       const std::vector<at::Tensor>& values, const int64_t* sequence, const int64_t* begin,
+                       const int64_t* end, double scale) {
+  const int64_t rows = queries.size(0), heads = queries.size(1), head_dim = queries.size(2);
+  const int64_t kv_heads = keys[0].size(0), group = heads / kv_heads;
+  auto result = at::empty({rows, heads * head_dim}, queries.options());
+  const T* q_all = queries.data_ptr<T>();
+  T* out_all = result.data_ptr<T>();
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scores, q(head_dim), out(head_dim);
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[row];
+      const int64_t length = end[row] - begin[row], stride = keys[s].stride(1);
+      scores.resize(length);
+      const T* k = keys[s].data_ptr<T>() + kv * keys[s].stride(0) + begin[row] * stride;
+      const T* v = values[s].data_ptr<T>() + kv * values[s].stride(0) + begin[row] * stride;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = kv * group + g;
+        const T* q_row = q_all + (row * heads + head) * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) q[i] = to_float(q_row[i]) * static_cast<float>(scale);
+        attend_one(q.data(), k, v, length, stride, head_dim, scores.data(), out.data());
+        T* out_row = out_all + row * heads * head_dim + head * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) out_row[i] = static_cast<T>(out[i]);
+      }
+    }
+  });
+  return result;
+}
+
+// queries [R, H, hd]; keys[s], values[s] [KV, capacity, hd] (one layer of sequence s's cache, rows of hd
+// contiguous); row r attends sequence[r]'s positions begin[r]..end[r]-1. Returns [R, H * hd] in the queries' dtype.
+at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                  at::Tensor sequence, at::Tensor begin, at::Tensor end, double scale) {
+  TORCH_CHECK(queries.dim() == 3 && queries.is_contiguous(), "queries must be a contiguous [R, H, hd] tensor");
+  TORCH_CHECK(!keys.empty() && keys.size() == values.size(), "give one key and one value tensor per sequence");
+  const int64_t rows = queries.size(0), head_dim = queries.size(2);
+  for (const auto* index : {&sequence, &begin, &end}) {
+    TORCH_CHECK(index->scalar_type() == at::kLong && index->dim() == 1 && index->size(0) == rows &&
+                index->is_contiguous(), "sequence, begin and end must be int64 [R]");
+  }
+  for (size_t s = 0; s < keys.size(); ++s) {
+    for (const auto* t : {&keys[s], &values[s]}) {
+      TORCH_CHECK(t->dim() == 3 && t->size(2) == head_dim && t->stride(2) == 1 && t->size(0) == keys[0].size(0) &&
+                  t->scalar_type() == queries.scalar_type(), "keys and values must be [KV, capacity, hd] like queries");
+    }
+    TORCH_CHECK(keys[s].strides() == values[s].strides(), "keys and values must be laid out alike");
+  }
+  TORCH_CHECK(queries.size(1) % keys[0].size(0) == 0, "query heads must be a multiple of key heads");
+#ifdef QUICKDRAFT_AVX2
+  TORCH_CHECK(head_dim % 8 == 0, "head_dim must be a multiple of 8");
+#endif
+  const int64_t* s = sequence.data_ptr<int64_t>();
+  const int64_t* b = begin.data_ptr<int64_t>();
+  const int64_t* e = end.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(s[r] >= 0 && s[r] < static_cast<int64_t>(keys.size()), "row ", r, " names no sequence");
+    TORCH_CHECK(0 <= b[r] && b[r] < e[r] && e[r] <= keys[s[r]].size(1), "row ", r, " has an empty or outside span");
+  }
+  if (queries.scalar_type() == at::kBFloat16) {
+    return attend_rows<c10::BFloat16>(queries, keys, values, s, b, e, scale);
+  }
+  TORCH_CHECK(queries.scalar_type() == at::kFloat, "queries must be float32 or bfloat16");
+  return attend_rows<float>(queries, keys, values, s, b, e, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(quickdraft, m) {
+  m.def("four_bit_matmul(Tensor x, Tensor nibbles, Tensor scales, Tensor offsets) -> Tensor");
+  m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
+  m.impl("four_bit_matmul", &four_bit_matmul);
+  m.impl("attend", &attend);
+}
