@@ -17,8 +17,7 @@ from transformers import AutoConfig
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import native_runner_for
-from quickdraft.models.native.gguf_blocks import FOUR_BIT_TYPES, GROUP, unpack
-from quickdraft.models.native.kernels import four_bit_matmul
+from quickdraft.models.native.gguf_blocks import EIGHT_BIT_TYPES, FOUR_BIT_TYPES, GROUP, unpack
 from quickdraft.models.native.weights import Linear
 from tests.test_batch_runtime import batch_differences
 from tests.test_native_runtime import VARIANTS, _save_random_model
@@ -32,27 +31,31 @@ def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray
     weights, per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows * width // weights, per_block), dtype=np.uint8)
-    halves = 2 if kind == "Q4_0" else 4  # d, or d and m / dmin
+    halves = 2 if kind in ("Q4_0", "Q8_0", "Q5_0") else 4  # d, or d and m / dmin
     raw[:, :halves] = rng.normal(0, 0.05, size=(raw.shape[0], halves // 2)).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("kind", FOUR_BIT_TYPES)
-def test_each_four_bit_format_unpacks_to_the_gguf_packages_own_dequantization(kind):
+@pytest.mark.parametrize("kind", FOUR_BIT_TYPES + EIGHT_BIT_TYPES)
+def test_each_block_format_unpacks_to_the_gguf_packages_own_dequantization(kind):
     rows, width = 24, 512
     raw = random_blocks(kind, rows, width)
     expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(rows, width)
     assert torch.equal(unpack(raw, kind, (rows, width)).dequantize(), torch.from_numpy(expected))
 
 
-@pytest.mark.parametrize("kind", FOUR_BIT_TYPES)
-def test_the_int4_form_computes_with_the_files_exact_weights(kind):
+@pytest.mark.parametrize("kind", FOUR_BIT_TYPES + EIGHT_BIT_TYPES)
+def test_the_block_forms_compute_with_the_files_exact_weights(kind):
     rows, width = 64, 256
-    blocks = unpack(random_blocks(kind, rows, width, seed=1), kind, (rows, width))
-    linear = Linear(blocks.dequantize().bfloat16(), None, int8=False, int4=blocks)
+    raw = random_blocks(kind, rows, width, seed=1)
+    if kind == "Q8_0":  # llama.cpp's quantizers write values in -127..127 (the loader keeps -128 off the kernel)
+        values = raw.reshape(-1, 34)[:, 2:]
+        values[values == 0x80] = 0x81
+    blocks = unpack(raw, kind, (rows, width))
+    linear = Linear(blocks.dequantize().bfloat16(), None, int8=False, blocks=blocks)
+    assert linear.form == ("int4" if kind in FOUR_BIT_TYPES else "int8/32")
     assert torch.equal(linear.dense(), blocks.dequantize())
     x = torch.randn(5, width).bfloat16()
-    assert torch.equal(linear(x), four_bit_matmul(x, blocks.nibbles.contiguous(), blocks.scales, blocks.mins))
     exact = x.float() @ blocks.dequantize().T
     steps = x.float().view(5, -1, GROUP).abs().amax(-1).repeat_interleave(GROUP, dim=1) / 127  # int8 activations
     bound = (steps / 2) @ blocks.dequantize().abs().T + 2**-8 * exact.abs()  # plus the bfloat16 output
@@ -105,16 +108,19 @@ def gguf_model(request, tmp_path_factory):
     model_dir = root / "model"
     _save_random_model(VARIANTS[request.param](), model_dir)
     path = root / "model.gguf"
-    return model_dir, path, write_gguf(model_dir, CONFIGS[request.param], path)
+    return model_dir, path, write_gguf(model_dir, CONFIGS[request.param], path, kinds=("Q4_0", "Q4_1", "Q5_0"))
 
 
-def test_four_bit_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model):
+def test_block_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model):
+    """A fused matrix runs on the file's blocks when all its parts share a kind (4-bit, or 8-bit groups: Q8_0
+    and Q5_0), else in int8 per row; the Q8_0 output layer on its blocks."""
     model_dir, path, kinds = gguf_model
     runner = native_runner_for(model_dir, "gguf", gguf=path)
     *layer_matrices, head = runner.linear_layers()
-    assert all(linear.form == "int4" and linear.row_invariant for linear in layer_matrices)
-    assert head.form == "int8" and head.row_invariant  # Q8_0: int8 per row
-    assert set(kinds.values()) >= {"Q4_0", "Q4_1", "Q8_0"}
+    assert head.form == "int8/32" and head.row_invariant
+    forms = {linear.form for linear in layer_matrices}
+    assert forms == {"int4", "int8/32", "int8"} and all(linear.row_invariant for linear in layer_matrices)
+    assert set(kinds.values()) == {"Q4_0", "Q4_1", "Q5_0", "Q8_0"}
 
 
 def test_the_gguf_dtype_follows_the_exact_float32_weights_closer_than_int8_does(gguf_model):

@@ -1,35 +1,40 @@
 """quickdraft's own CPU kernels (`models/native/kernels`): what they compute and the row contract.
 
-The four-bit product is checked against an emulation of its arithmetic in float64 (activations quantized to
-int8 per group of 32, exact integer dot products), against the exact float product within the bound that
-activation rounding allows, and for the contract the runtime's exactness rests on: every output row is the
-same bits whatever other rows share the call, however many threads run it.
+Each block product (4-bit groups with a scale and an offset; int8 groups with a scale) is checked against an
+emulation of its arithmetic in float64 (activations quantized to int8 per group of 32, exact integer dot
+products), against the exact float product within the bound that activation rounding allows, and for the
+contract the runtime's exactness rests on: every output row is the same bits whatever other rows share the call,
+however many threads run it. The attention kernel is checked against torch's softmax attention and for the same
+contract.
 """
+
+from functools import partial
 
 import pytest
 import torch
 
-from quickdraft.models.native.kernels import four_bit_matmul
+from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul
 
 GROUP = 32
+KINDS = ("four_bit", "eight_bit")
 
 
-def random_four_bit(outputs: int, width: int, seed: int):
-    """(nibbles [N, K / 2] in the kernel's group layout, scales, offsets [N, K / 32], q [N, K] int) for random
-    4-bit groups."""
+def random_matrix(kind: str, outputs: int, width: int, seed: int):
+    """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
+    "four_bit" (nibbles in the kernel's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
+    -127..127, a scale per 32)."""
     generator = torch.Generator().manual_seed(seed)
+    scales = torch.rand(outputs, width // GROUP, generator=generator) * 0.02
+    if kind == "eight_bit":
+        values = torch.randint(-127, 128, (outputs, width), generator=generator, dtype=torch.int8)
+        weight = values.double().view(outputs, -1, GROUP) * scales.double()[..., None]
+        return partial(eight_bit_matmul, values=values, scales=scales), weight.view(outputs, width)
     q = torch.randint(0, 16, (outputs, width), generator=generator, dtype=torch.uint8)
     groups = q.view(outputs, width // GROUP, GROUP)
     nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(outputs, width // 2).contiguous()
-    scales = torch.rand(outputs, width // GROUP, generator=generator) * 0.02
     offsets = -8 * scales + torch.randn(outputs, width // GROUP, generator=generator) * 0.002
-    return nibbles, scales, offsets, q
-
-
-def dequantized(q: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    outputs, width = q.shape
-    groups = q.double().view(outputs, width // GROUP, GROUP) * scales.double()[..., None] + offsets.double()[..., None]
-    return groups.view(outputs, width)
+    weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
+    return partial(four_bit_matmul, nibbles=nibbles, scales=scales, offsets=offsets), weight.view(outputs, width)
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,48 +46,87 @@ def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(x.shape).double(), scale.double()
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_four_bit_product_is_the_int8_activation_product_of_the_exact_weights(dtype):
-    nibbles, scales, offsets, q = random_four_bit(70, 256, seed=1)
+def test_block_product_is_the_int8_activation_product_of_the_exact_weights(kind, dtype):
+    product, weight = random_matrix(kind, 70, 256, seed=1)
     x = torch.randn(9, 256).to(dtype)
-    y = four_bit_matmul(x, nibbles, scales, offsets)
+    y = product(x)
     assert y.dtype == dtype and y.shape == (9, 70)
     qx, x_scale = quantized_activations(x)
-    emulated = (qx.view(9, -1, GROUP) * x_scale[..., None]).view(9, 256) @ dequantized(q, scales, offsets).T
+    emulated = (qx.view(9, -1, GROUP) * x_scale[..., None]).view(9, 256) @ weight.T
     tolerance = 1e-5 if dtype == torch.float32 else 2**-8  # float32 sums in another order; the bfloat16 output
     assert torch.allclose(y.double(), emulated, rtol=tolerance, atol=tolerance * emulated.abs().max())
-    exact = x.double() @ dequantized(q, scales, offsets).T
+    exact = x.double() @ weight.T
     # each activation moves by at most half its group's step: |error| <= sum |w| * step / 2, plus float rounding
-    steps = x_scale.repeat_interleave(GROUP, dim=1)  # [M, K]
-    bound = (steps / 2) @ dequantized(q, scales, offsets).abs().T
+    bound = (x_scale.repeat_interleave(GROUP, dim=1) / 2) @ weight.abs().T
     assert ((y.double() - exact).abs() <= bound * 1.001 + tolerance * exact.abs().max()).all()
     assert not torch.allclose(y.double(), exact, rtol=1e-6, atol=0)  # the activations really are rounded
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_four_bit_rows_are_the_same_bits_whatever_else_is_in_the_call(dtype):
-    nibbles, scales, offsets, _ = random_four_bit(70, 512, seed=2)  # 70 columns: tiles of 4 and a remainder
+def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind, dtype):
+    product, _ = random_matrix(kind, 70, 512, seed=2)  # 70 columns: tiles of 4 and a remainder
     x = torch.randn(37, 512).to(dtype)
-    together = four_bit_matmul(x, nibbles, scales, offsets)
-    alone = torch.cat([four_bit_matmul(x[i : i + 1], nibbles, scales, offsets) for i in range(37)])
-    assert torch.equal(together, alone)
+    together = product(x)
+    assert torch.equal(together, torch.cat([product(x[i : i + 1]) for i in range(37)]))
     generator = torch.Generator().manual_seed(3)
     for _ in range(10):
         rows = torch.randperm(37, generator=generator)[: int(torch.randint(1, 37, (1,), generator=generator))]
-        assert torch.equal(four_bit_matmul(x[rows], nibbles, scales, offsets), together[rows])
+        assert torch.equal(product(x[rows]), together[rows])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(four_bit_matmul(x, nibbles, scales, offsets), together)
+        assert torch.equal(product(x), together)
     finally:
         torch.set_num_threads(threads)
 
 
-def test_four_bit_product_refuses_shapes_it_cannot_compute():
-    nibbles, scales, offsets, _ = random_four_bit(8, 64, seed=4)
+def test_block_products_refuse_shapes_they_cannot_compute():
+    product, _ = random_matrix("four_bit", 8, 64, seed=4)
+    nibbles, scales, offsets = (product.keywords[k] for k in ("nibbles", "scales", "offsets"))
     with pytest.raises(RuntimeError, match="multiple of 32"):
         four_bit_matmul(torch.randn(2, 48), nibbles[:, :24].contiguous(), scales, offsets)
     with pytest.raises(RuntimeError, match=r"nibbles must be \[N, K / 2\]"):
         four_bit_matmul(torch.randn(2, 96), nibbles, scales, offsets)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         four_bit_matmul(torch.randn(2, 64).half(), nibbles, scales, offsets)
+    with pytest.raises(RuntimeError, match="values must be contiguous int8"):
+        eight_bit_matmul(torch.randn(2, 64), torch.zeros(8, 64, dtype=torch.uint8), scales)
+
+
+def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:
+    """torch's softmax attention, one row at a time, in float64."""
+    rows, heads, head_dim = queries.shape
+    out = []
+    for r in range(rows):
+        k = keys[sequence[r]][:, begin[r] : end[r]].double()  # [KV, L, hd]
+        v = values[sequence[r]][:, begin[r] : end[r]].double()
+        q = queries[r].double().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
+        out.append((torch.softmax(q @ k.transpose(1, 2), dim=-1) @ v).reshape(-1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_rows(dtype):
+    generator = torch.Generator().manual_seed(5)
+    kv_heads, heads, head_dim, capacity = 2, 6, 64, 80
+    keys = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(3)]
+    values = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(3)]
+    queries = torch.randn(12, heads, head_dim, generator=generator).to(dtype)
+    sequence = torch.randint(0, 3, (12,), generator=generator)
+    begin = torch.randint(0, 40, (12,), generator=generator)
+    end = begin + torch.randint(1, 41, (12,), generator=generator)  # spans of 1..40 keys: vector tails included
+    out = attend(queries, keys, values, sequence, begin, end, 0.125)
+    assert out.dtype == dtype and out.shape == (12, heads * head_dim)
+    expected = reference_attention(queries, keys, values, sequence, begin, end, 0.125)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7  # the bfloat16 output's rounding
+    assert torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance)
+    alone = [
+        attend(queries[r : r + 1], keys, values, sequence[r : r + 1], begin[r : r + 1], end[r : r + 1], 0.125)
+        for r in range(12)
+    ]
+    assert torch.equal(torch.cat(alone), out)
+    with pytest.raises(RuntimeError, match="empty or outside span"):
+        attend(queries[:1], keys, values, sequence[:1], torch.tensor([5]), torch.tensor([5]), 0.125)

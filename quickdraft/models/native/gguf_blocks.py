@@ -1,15 +1,17 @@
-"""A GGUF file's 4-bit weight blocks, unpacked as they are, for the four-bit kernel (`--dtype gguf`).
+"""A GGUF file's weight blocks, unpacked as they are, for quickdraft's block kernels (`--dtype gguf`).
 
 Q4_0, Q4_1 and Q4_K store each row in groups of 32 weights, every group one scale and one offset over
 4-bit integers q in 0..15: w = q * scale + min (Q4_0: min = -8 * scale; Q4_K: scale and min are a
 super-block's fp16 factors times the group's 6-bit ones). `FourBitBlocks` holds exactly that, in float32, and
 its `dequantize` equals the `gguf` package's own de-quantization value for value (a zero may differ in sign).
 
-quickdraft's own kernel (`kernels.four_bit_matmul`) reads these blocks as they are: the weights it computes with
-are the file's, exactly; like llama.cpp, it quantizes the activations to int8 per group of 32.
+Q8_0 and Q5_0 store groups of 32 signed integers with one scale: w = q * scale (Q5_0: q = a 5-bit value - 16).
+`EightBitBlocks` holds them as int8 with a float32 scale per group, exactly.
 
-Other block formats (Q5_0, Q6_K, Q8_0, ...) have no kernel here that holds them exactly at speed; their
-matrices keep the int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
+quickdraft's own kernels (`kernels.four_bit_matmul`, `kernels.eight_bit_matmul`) read these blocks as they are:
+the weights they compute with are the file's, exactly; like llama.cpp, they quantize the activations to int8 per
+group of 32. Other formats (Q6_K's 16-weight groups, Q5_K, ...) have no such kernel here; their matrices keep the
+int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
 """
 
 import struct
@@ -23,6 +25,7 @@ from quickdraft.errors import ModelError
 
 GROUP = 32  # weights per scale and offset in every 4-bit format read here
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+EIGHT_BIT_TYPES = ("Q8_0", "Q5_0")
 
 
 @dataclass(frozen=True)
@@ -57,22 +60,52 @@ class FourBitBlocks:
         return FourBitBlocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("nibbles", "scales", "mins")))
 
 
-def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> FourBitBlocks:
+@dataclass(frozen=True)
+class EightBitBlocks:
+    """A matrix [out, in] of int8 groups: w = value * scale, one scale per 32 weights of a row."""
+
+    values: torch.Tensor  # [out, in] int8
+    scales: torch.Tensor  # [out, in // 32] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """[out, in] float32, as the GGUF's own de-quantization computes it."""
+        return self.values.float() * self.scales.repeat_interleave(GROUP, dim=1)
+
+    def rows(self, order: torch.Tensor) -> "EightBitBlocks":
+        return EightBitBlocks(self.values[order], self.scales[order])
+
+    @staticmethod
+    def stack(parts: "list[EightBitBlocks]") -> "EightBitBlocks":
+        return EightBitBlocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("values", "scales")))
+
+
+Blocks = FourBitBlocks | EightBitBlocks
+
+
+def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> Blocks:
     """A GGUF tensor's raw bytes (any shape, rows of whole blocks) of format `kind` as [out, in] blocks."""
     out, width = shape
     if kind not in _BLOCK_BYTES:
-        raise ModelError(f"{kind} is not a 4-bit format read here ({', '.join(FOUR_BIT_TYPES)})")
+        raise ModelError(f"{kind} is not a block format read here ({', '.join(_BLOCK_BYTES)})")
     per_block, weights = _BLOCK_BYTES[kind]
     if width % weights:
         raise ModelError(f"a {kind} matrix needs rows of whole {weights}-weight blocks, got {width} columns")
     raw = np.array(data, copy=True).view(np.uint8)  # a writable copy: the reader maps the file read-only
     blocks = torch.from_numpy(raw).reshape(out * (width // weights), per_block)
+    if kind in EIGHT_BIT_TYPES:
+        values, scales = {"Q8_0": _q8_0, "Q5_0": _q5_0}[kind](blocks)  # [blocks, 32] int8, [blocks, 1]
+        return EightBitBlocks(values.reshape(out, width), scales.reshape(out, -1))
     unpacked = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}[kind](blocks)
     nibbles, scales, mins = unpacked  # [blocks, weights // 2], [blocks, weights // 32] twice
     return FourBitBlocks(nibbles.reshape(out, width // 2), scales.reshape(out, -1), mins.reshape(out, -1))
 
 
-_BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}  # bytes, weights per block
+_BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q8_0": (34, 32), "Q5_0": (22, 32)}
+# bytes, weights per block
 
 
 def _fp16(raw: torch.Tensor) -> torch.Tensor:
@@ -87,6 +120,19 @@ def _q4_0(blocks: torch.Tensor):
 
 def _q4_1(blocks: torch.Tensor):
     return blocks[:, 4:], _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])
+
+
+def _q8_0(blocks: torch.Tensor):
+    return blocks[:, 2:].contiguous().view(torch.int8), _fp16(blocks[:, :2])
+
+
+def _q5_0(blocks: torch.Tensor):
+    """32 weights: fp16 d, 32 high bits, then 16 bytes of low nibbles (weight j low, j + 16 high): w = (q - 16) d."""
+    high_bits = blocks[:, 2:6].to(torch.int64)  # [blocks, 4] little-endian
+    high = (high_bits << torch.tensor([0, 8, 16, 24])).sum(dim=1, keepdim=True)  # [blocks, 1]
+    fifth = (high >> torch.arange(32)) & 1  # [blocks, 32]
+    low = torch.cat((blocks[:, 6:] & 0x0F, blocks[:, 6:] >> 4), dim=1).to(torch.int64)  # [blocks, 32]
+    return (low + (fifth << 4) - 16).to(torch.int8), _fp16(blocks[:, :2])
 
 
 def _q4_k(blocks: torch.Tensor):
@@ -123,8 +169,8 @@ class GgufFile:
             raise ModelError(f"{path}: unknown GGUF architecture {self._index.architecture!r}")
         self._names = gguf.get_tensor_name_map(arch, num_layers)
 
-    def four_bit(self, hf_name: str) -> tuple[str, FourBitBlocks] | None:
-        """(the GGUF tensor's name, its blocks) when `hf_name` is stored in a 4-bit format; else None."""
+    def blocks(self, hf_name: str) -> tuple[str, Blocks] | None:
+        """(the GGUF tensor's name, its blocks) when `hf_name` is stored in a format read here; else None."""
         import gguf
 
         name = self._names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -133,7 +179,7 @@ class GgufFile:
             return None
         kind, dims, offset = entry
         kind_name = gguf.GGMLQuantizationType(kind).name
-        if kind_name not in FOUR_BIT_TYPES or len(dims) != 2:
+        if kind_name not in _BLOCK_BYTES or len(dims) != 2:
             return None
         width, out = dims  # GGUF lists dimensions innermost first
         weights, per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
@@ -204,7 +250,7 @@ class _TensorIndex:
         raise struct.error(f"unknown metadata type {kind}")
 
 
-def matched_rows(blocks: FourBitBlocks, weight: torch.Tensor, where: str) -> FourBitBlocks:
+def matched_rows(blocks: Blocks, weight: torch.Tensor, where: str) -> Blocks:
     """`blocks` with rows arranged as `weight` [out, in] float32 (the checkpoint converted from this GGUF) holds
     them: converters permute some matrices' rows (llama.cpp interleaves q and k rows for its RoPE), so each
     row is found by exact equality of its de-quantized values. Raises when some row has no equal."""

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from quickdraft.errors import InternalError, ModelError
-from quickdraft.models.native.gguf_blocks import FourBitBlocks, GgufFile, matched_rows
-from quickdraft.models.native.kernels import four_bit_matmul
+from quickdraft.models.native.gguf_blocks import Blocks, EightBitBlocks, FourBitBlocks, GgufFile, matched_rows
+from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
@@ -37,9 +37,10 @@ def prompt_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
 
 
 class Linear:
-    """y = x @ W.T (+ b), with W in one of three forms: dense in the compute dtype; int8 with one scale per
-    output row (`int8`); or int4 in groups of 32 columns, each with a scale and an offset (`int4`: a GGUF's
-    4-bit blocks exactly as the file holds them, `gguf_blocks.FourBitBlocks`, on `kernels.four_bit_matmul`).
+    """y = x @ W.T (+ b), with W in one of four forms: dense in the compute dtype; int8 with one scale per
+    output row (`int8`); or a GGUF's blocks exactly as the file holds them (`blocks`): int4 in groups of 32
+    columns, each with a scale and an offset (`gguf_blocks.FourBitBlocks` on `kernels.four_bit_matmul`), or
+    int8 in groups of 32 columns with a scale each ("int8/32": `EightBitBlocks` on `kernels.eight_bit_matmul`).
 
     A matrix that prompt blocks go through (`batched`) multiplies them densely in `prompt_dtype`: an int8 or
     int4 matrix keeps a de-quantized copy for it (those kernels are compute-bound past a few rows, a dense
@@ -52,20 +53,22 @@ class Linear:
         bias: torch.Tensor | None,
         int8: bool,
         prompt_dtype: torch.dtype | None = None,
-        int4: FourBitBlocks | None = None,
+        blocks: Blocks | None = None,
     ) -> None:
         self.bias = bias  # [out] or None
-        self.scales = None  # [out] when int8; [out, in // 32] float32 when int4
-        self.offsets = None  # [out, in // 32] float32 when int4
-        self.weight = weight  # [out, in]; int4: the nibbles, [out, in // 2] uint8
-        self._blocks = int4  # the file's 4-bit blocks, kept for dense()
-        if int4 is not None:
+        self.scales = None  # [out] when int8; [out, in // 32] float32 for blocks
+        self.offsets = None  # [out, in // 32] float32 for 4-bit blocks
+        self.weight = weight  # [out, in]; 4-bit blocks: the nibbles [out, in // 2] uint8; 8-bit: [out, in] int8
+        self._blocks = blocks  # the file's blocks, kept for dense()
+        if isinstance(blocks, FourBitBlocks):
             self.weight, self.scales, self.offsets = (
-                t.contiguous() for t in (int4.nibbles, int4.scales.float(), int4.mins.float())
+                t.contiguous() for t in (blocks.nibbles, blocks.scales.float(), blocks.mins.float())
             )
+        elif isinstance(blocks, EightBitBlocks):
+            self.weight, self.scales = blocks.values.contiguous(), blocks.scales.float().contiguous()
         elif int8:
             self.weight, self.scales = quantize_rows(weight)
-        self.in_features = weight.shape[1] if int4 is None else int4.shape[1]
+        self.in_features = weight.shape[1] if blocks is None else blocks.shape[1]
         self._prompt_weight = None  # [out, in] in the prompt dtype; None: no prompt block comes here (output layer)
         if prompt_dtype is not None:
             same = self.scales is None and prompt_dtype == weight.dtype
@@ -74,12 +77,14 @@ class Linear:
 
     @property
     def form(self) -> str:
-        """How the weight is stored: "dense", "int8" (per row) or "int4" (32-column groups)."""
-        return "int4" if self._blocks is not None else "int8" if self.scales is not None else "dense"
+        """How the weight is stored: "dense", "int8" (per row), "int4" or "int8/32" (32-column groups)."""
+        if self._blocks is not None:
+            return "int4" if isinstance(self._blocks, FourBitBlocks) else "int8/32"
+        return "int8" if self.scales is not None else "dense"
 
     @property
     def row_invariant(self) -> bool:
-        """Whether the kernel computes every row the same way whatever the row count (int8 and int4 do)."""
+        """Whether the kernel computes every row the same way whatever the row count (int8 and blocks do)."""
         return self.scales is not None
 
     @property
@@ -88,7 +93,7 @@ class Linear:
         return sum(t.nbytes for t in (self.weight, self.scales, self.offsets, self.bias) if t is not None)
 
     def dense(self) -> torch.Tensor:
-        """The weight [out, in] as a float tensor (int8 and int4 de-quantized from what their kernels read)."""
+        """The weight [out, in] as a float tensor (int8 and blocks de-quantized from what their kernels read)."""
         if self._blocks is not None:
             return self._blocks.dequantize()
         return self.weight if self.scales is None else self.weight.float() * self.scales.float()[:, None]
@@ -96,8 +101,10 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
         if self.scales is None:
             return F.linear(x, self.weight, self.bias)
-        if self._blocks is not None:
+        if self.offsets is not None:
             y = four_bit_matmul(x, self.weight, self.scales, self.offsets)
+        elif self._blocks is not None:
+            y = eight_bit_matmul(x, self.weight, self.scales)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias
@@ -107,10 +114,10 @@ class Linear:
         in a forward of their own sequence alone, bit for bit.
 
         Verification rows through a row-invariant kernel run one product over all of them:
-        `_weight_int8pack_mm` and `kernels.four_bit_matmul` compute every row the same way whatever the
-        row count. Dense float kernels do not (oneDNN changes blocking and accumulation with the row count),
-        so each group of verification rows gets a product of its own, shaped as it would be alone. A prompt
-        block always gets a dense product of its own (the de-quantized matrix for int8 and int4): its shape
+        `_weight_int8pack_mm` and the block kernels compute every row the same way whatever the row count.
+        Dense float kernels do not (oneDNN changes blocking and accumulation with the row count), so each group
+        of verification rows gets a product of its own, shaped as it would be alone. A prompt block always gets a
+        dense product of its own (the de-quantized matrix for int8 and blocks): its shape
         depends only on the prompt, never on the load.
         """
         if all(not group.prompt_block for group in groups) and (self.row_invariant or len(groups) == 1):
@@ -215,24 +222,27 @@ def load_weights(
 
 
 class _Matrices:
-    """Builds each (fused) Linear from checkpoint tensors: int4 on a GGUF's blocks where the file stores every
-    part in a 4-bit format, else int8 per row or dense as the dtype says."""
+    """Builds each (fused) Linear from checkpoint tensors: on a GGUF's blocks where the file stores every part in
+    block formats of one kind (4-bit, or 8-bit groups), else int8 per row or dense as the dtype says."""
 
     def __init__(self, ckpt: _Checkpoint, place, int8: bool, gguf: GgufFile | None) -> None:
         self._ckpt, self._place, self._int8, self._gguf = ckpt, place, int8, gguf
 
     def __call__(self, names: list[str], bias: torch.Tensor | None, prompts: torch.dtype | None) -> Linear:
         parts = [self._ckpt.get(name) for name in names]  # float32 [out_i, in] each
-        blocks = self._four_bit(names, parts)
-        return Linear(self._place(torch.cat(parts)), self._place(bias), self._int8, prompts, int4=blocks)
+        blocks = self._blocks(names, parts)
+        return Linear(self._place(torch.cat(parts)), self._place(bias), self._int8, prompts, blocks=blocks)
 
-    def _four_bit(self, names: list[str], parts: list[torch.Tensor]) -> FourBitBlocks | None:
+    def _blocks(self, names: list[str], parts: list[torch.Tensor]) -> Blocks | None:
         if self._gguf is None:
             return None
-        found = [self._gguf.four_bit(name) for name in names]
-        if any(f is None for f in found):
+        found = [self._gguf.blocks(name) for name in names]
+        if any(f is None for f in found) or len({type(blocks) for _, blocks in found}) != 1:
             return None
-        return FourBitBlocks.stack(
+        kind = type(found[0][1])
+        if kind is EightBitBlocks and any((blocks.values == -128).any() for _, blocks in found):
+            return None  # the kernel's sign trick needs |value| <= 127 (llama.cpp's quantizers write no -128)
+        return kind.stack(
             [
                 matched_rows(blocks, part, f"{self._gguf.path}: {gguf_name}")
                 for (gguf_name, blocks), part in zip(found, parts)

@@ -1,8 +1,9 @@
 """quickdraft's own CPU kernels (`blocks.cpp`), compiled once per machine on first use.
 
 `four_bit_matmul(x, nibbles, scales, offsets)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit
-groups (weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), computed as
-llama.cpp computes its 4-bit products: every activation row quantized to int8 per group of 32, integer dot
+groups (weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), and
+`eight_bit_matmul(x, values, scales)` of int8 groups (weight = value * scale), computed as llama.cpp computes
+its block products: every activation row quantized to int8 per group of 32, integer dot
 products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
 row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
 verification row equals a 1-token row, and a batched row its solo row).
@@ -70,6 +71,12 @@ def four_bit_matmul(
     """x [M, K] @ weight.T -> [M, N] in x's dtype; nibbles [N, K // 2] uint8 (byte j of a group: weight j low,
     weight j + 16 high), scales and offsets [N, K // 32] float32."""
     return kernels().four_bit_matmul(x.contiguous(), nibbles, scales, offsets)
+
+
+def eight_bit_matmul(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, N] in x's dtype, weight = values [N, K] int8 (in -127..127) times one float32
+    scale per 32 of a row, scales [N, K // 32]; the same arithmetic and row contract as `four_bit_matmul`."""
+    return kernels().eight_bit_matmul(x.contiguous(), values, scales)
 
 
 def attend(

@@ -1,6 +1,8 @@
-// Matrix products over 4-bit weight blocks, computed as llama.cpp computes them: each activation row is
-// quantized to int8 in groups of 32 (one float scale per group), and each output is a sum over groups of
-// integer dot products times the two scales, plus the weights' group offset times the group's activation sum.
+// quickdraft's CPU kernels. Matrix products over weight blocks (4-bit groups with a scale and an offset, or int8
+// groups with a scale), computed as llama.cpp computes them: each activation row is quantized to int8 in groups
+// of 32 (one float scale per group), and each output is a sum over groups of integer dot products times the two
+// scales (plus, for 4-bit groups, the weights' group offset times the group's activation sum). And attention of
+// single query rows over a sequence's cached keys.
 //
 // Every output element (row m, column n) is computed by one thread, over its groups in order, with the same
 // instructions whatever the row count, the column tiling or the thread count: a row's result never depends on
@@ -70,6 +72,26 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
   });
 }
 
+// The weights of a product, by kind. Each `columns<C>` computes C consecutive output columns of one activation
+// row: out[c] = sum over groups of the weights' and activations' scales times the group's integer dot product
+// (plus, for four-bit groups, the weights' offset times the activations' group sum), groups in order.
+struct FourBitWeights {
+  const uint8_t* nibbles;  // [N, K / 2], 16 bytes a group: byte j holds weight j (low) and j + 16 (high)
+  const float* scales;     // [N, K / 32]
+  const float* offsets;    // [N, K / 32]
+  int64_t groups;          // K / 32
+  template <int C>
+  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const;
+};
+
+struct EightBitWeights {
+  const int8_t* values;  // [N, K]
+  const float* scales;   // [N, K / 32]
+  int64_t groups;
+  template <int C>
+  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const;
+};
+
 #ifdef QUICKDRAFT_AVX2
 
 inline __m256i unpack_nibbles(const uint8_t* packed) {  // 16 bytes -> 32 bytes 0..15, in weight order
@@ -78,10 +100,17 @@ inline __m256i unpack_nibbles(const uint8_t* packed) {  // 16 bytes -> 32 bytes 
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-inline __m256 group_products(__m256i weights, __m256i activations) {  // 8 lanes of partial int dot products
+inline __m256 unsigned_group_products(__m256i weights, __m256i activations) {  // 8 lanes of partial dot products
   const __m256i pairs = _mm256_maddubs_epi16(weights, activations);  // unsigned 0..15 x signed: no saturation
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
+
+inline __m256 signed_group_products(__m256i weights, __m256i activations) {  // both signed, |values| <= 127
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(activations, weights));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the last two
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -89,11 +118,8 @@ inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
-// C columns of one activation row: out[c] = sum over groups of the weights' and activations' scales times the
-// integer dot product, plus the weights' offset times the activations' group sum.
 template <int C>
-void columns(const QuantizedRows& x, int64_t row, int64_t groups, const uint8_t* const* nibbles,
-             const float* const* scales, const float* const* offsets, float* out) {
+void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
   const int8_t* q = x.q.data() + row * groups * kGroup;
   const float* x_scale = x.scale.data() + row * groups;
   const float* x_sum = x.sum.data() + row * groups;
@@ -104,99 +130,140 @@ void columns(const QuantizedRows& x, int64_t row, int64_t groups, const uint8_t*
     offset_total[c] = 0.0f;
   }
   for (int64_t g = 0; g < groups; ++g) {
-    const __m256i activations = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * kGroup));
+    const __m256i activations = load32(q + g * kGroup);
     for (int c = 0; c < C; ++c) {
-      const __m256 products = group_products(unpack_nibbles(nibbles[c] + g * kGroupBytes), activations);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[c][g] * x_scale[g]), products, acc[c]);
-      offset_total[c] += offsets[c][g] * x_sum[g];
+      const int64_t at = (first + c) * groups + g;
+      const __m256 products = unsigned_group_products(unpack_nibbles(nibbles + at * kGroupBytes), activations);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[g]), products, acc[c]);
+      offset_total[c] += offsets[at] * x_sum[g];
     }
   }
   for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]) + offset_total[c];
 }
 
+template <int C>
+void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+  const int8_t* q = x.q.data() + row * groups * kGroup;
+  const float* x_scale = x.scale.data() + row * groups;
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256i activations = load32(q + g * kGroup);
+    for (int c = 0; c < C; ++c) {
+      const int64_t at = (first + c) * groups + g;
+      const __m256 products = signed_group_products(load32(values + at * kGroup), activations);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[g]), products, acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]);
+}
+
 #else  // portable fallback: the same sums, in one lane
 
 template <int C>
-void columns(const QuantizedRows& x, int64_t row, int64_t groups, const uint8_t* const* nibbles,
-             const float* const* scales, const float* const* offsets, float* out) {
+void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
   const int8_t* q = x.q.data() + row * groups * kGroup;
   for (int c = 0; c < C; ++c) {
     float total = 0.0f, offset_total = 0.0f;
     for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = (first + c) * groups + g;
       int32_t dot = 0;
-      const uint8_t* packed = nibbles[c] + g * kGroupBytes;
       for (int64_t j = 0; j < kGroupBytes; ++j) {
-        dot += static_cast<int32_t>(packed[j] & 0x0F) * q[g * kGroup + j];
-        dot += static_cast<int32_t>(packed[j] >> 4) * q[g * kGroup + j + kGroupBytes];
+        dot += static_cast<int32_t>(nibbles[at * kGroupBytes + j] & 0x0F) * q[g * kGroup + j];
+        dot += static_cast<int32_t>(nibbles[at * kGroupBytes + j] >> 4) * q[g * kGroup + j + kGroupBytes];
       }
-      total += scales[c][g] * x.scale[row * groups + g] * static_cast<float>(dot);
-      offset_total += offsets[c][g] * x.sum[row * groups + g];
+      total += scales[at] * x.scale[row * groups + g] * static_cast<float>(dot);
+      offset_total += offsets[at] * x.sum[row * groups + g];
     }
     out[c] = total + offset_total;
   }
 }
 
+template <int C>
+void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+  const int8_t* q = x.q.data() + row * groups * kGroup;
+  for (int c = 0; c < C; ++c) {
+    float total = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = (first + c) * groups + g;
+      int32_t dot = 0;
+      for (int64_t j = 0; j < kGroup; ++j) dot += static_cast<int32_t>(values[at * kGroup + j]) * q[g * kGroup + j];
+      total += scales[at] * x.scale[row * groups + g] * static_cast<float>(dot);
+    }
+    out[c] = total;
+  }
+}
+
 #endif
 
-template <typename T>
-at::Tensor four_bit_product(const at::Tensor& x, const at::Tensor& nibbles, const at::Tensor& scales,
-                               const at::Tensor& offsets) {
-  const int64_t rows = x.size(0), width = x.size(1), outputs = nibbles.size(0), groups = width / kGroup;
+// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles of kColumnTile columns split among threads, every row of a
+// tile computed with the tile's weights hot in cache.
+template <typename T, typename Weights>
+at::Tensor block_product(const at::Tensor& x, const Weights& weights, int64_t outputs) {
+  const int64_t rows = x.size(0), width = x.size(1);
   QuantizedRows quantized;
   quantize_rows(x.data_ptr<T>(), rows, width, quantized);
-  auto result = at::empty({rows, outputs}, at::kFloat);
-  float* out = result.data_ptr<float>();
-  const uint8_t* w = nibbles.data_ptr<uint8_t>();
-  const float* s = scales.data_ptr<float>();
-  const float* o = offsets.data_ptr<float>();
+  auto result = at::empty({rows, outputs}, x.options());
+  T* out = result.data_ptr<T>();
   const int64_t tiles = (outputs + kColumnTile - 1) / kColumnTile;
   at::parallel_for(0, tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t first = tile * kColumnTile, count = std::min(kColumnTile, outputs - first);
-      const uint8_t* tile_nibbles[kColumnTile];
-      const float* tile_scales[kColumnTile];
-      const float* tile_offsets[kColumnTile];
-      for (int64_t c = 0; c < count; ++c) {
-        tile_nibbles[c] = w + (first + c) * groups * kGroupBytes;
-        tile_scales[c] = s + (first + c) * groups;
-        tile_offsets[c] = o + (first + c) * groups;
-      }
       float values[kColumnTile];
       for (int64_t row = 0; row < rows; ++row) {
         if (count == kColumnTile) {
-          columns<kColumnTile>(quantized, row, groups, tile_nibbles, tile_scales, tile_offsets, values);
-          std::memcpy(out + row * outputs + first, values, sizeof(values));
+          weights.template columns<kColumnTile>(quantized, row, first, values);
         } else {
-          for (int64_t c = 0; c < count; ++c) {
-            columns<1>(quantized, row, groups, tile_nibbles + c, tile_scales + c, tile_offsets + c, values);
-            out[row * outputs + first + c] = values[0];
-          }
+          for (int64_t c = 0; c < count; ++c) weights.template columns<1>(quantized, row, first + c, values + c);
         }
+        for (int64_t c = 0; c < count; ++c) out[row * outputs + first + c] = static_cast<T>(values[c]);
       }
     }
   });
   return result;
 }
 
-// x [M, K] float32 or bfloat16; nibbles [N, K / 2] uint8 in groups of 16 bytes; scales, offsets [N, K / 32]
-// float32: weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
-at::Tensor four_bit_matmul(at::Tensor x, at::Tensor nibbles, at::Tensor scales, at::Tensor offsets) {
+void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous CPU matrix");
   TORCH_CHECK(x.size(1) % kGroup == 0, "x's width must be a multiple of 32");
-  TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.is_contiguous(), "nibbles must be contiguous uint8");
-  TORCH_CHECK(nibbles.dim() == 2 && nibbles.size(1) * 2 == x.size(1), "nibbles must be [N, K / 2]");
-  for (const auto& t : {scales, offsets}) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "scales and offsets must be float32");
-    TORCH_CHECK(t.dim() == 2 && t.size(0) == nibbles.size(0) && t.size(1) == x.size(1) / kGroup,
-                "scales and offsets must be [N, K / 32]");
-  }
-  if (x.scalar_type() == at::kBFloat16) {
-    return four_bit_product<c10::BFloat16>(x, nibbles, scales, offsets).to(at::kBFloat16);
-  }
-  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 or bfloat16");
-  return four_bit_product<float>(x, nibbles, scales, offsets);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
+void check_scales(const at::Tensor& t, const at::Tensor& x, int64_t outputs) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "scales and offsets must be contiguous float32");
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == outputs && t.size(1) == x.size(1) / kGroup,
+              "scales and offsets must be [N, K / 32]");
+}
+
+template <typename Weights>
+at::Tensor product(const at::Tensor& x, const Weights& weights, int64_t outputs) {
+  if (x.scalar_type() == at::kBFloat16) return block_product<c10::BFloat16>(x, weights, outputs);
+  return block_product<float>(x, weights, outputs);
+}
+
+// x [M, K] float32 or bfloat16; nibbles [N, K / 2] uint8; scales, offsets [N, K / 32] float32:
+// weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
+at::Tensor four_bit_matmul(at::Tensor x, at::Tensor nibbles, at::Tensor scales, at::Tensor offsets) {
+  check_activations(x);
+  TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.is_contiguous(), "nibbles must be contiguous uint8");
+  TORCH_CHECK(nibbles.dim() == 2 && nibbles.size(1) * 2 == x.size(1), "nibbles must be [N, K / 2]");
+  check_scales(scales, x, nibbles.size(0));
+  check_scales(offsets, x, nibbles.size(0));
+  const FourBitWeights weights{nibbles.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(),
+                               x.size(1) / kGroup};
+  return product(x, weights, nibbles.size(0));
+}
+
+// x [M, K] float32 or bfloat16; values [N, K] int8 in -127..127; scales [N, K / 32] float32:
+// weight = value * scale. Returns x @ weight.T [M, N] in x's dtype.
+at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor values, at::Tensor scales) {
+  check_activations(x);
+  TORCH_CHECK(values.scalar_type() == at::kChar && values.is_contiguous(), "values must be contiguous int8");
+  TORCH_CHECK(values.dim() == 2 && values.size(1) == x.size(1), "values must be [N, K]");
+  check_scales(scales, x, values.size(0));
+  const EightBitWeights weights{values.data_ptr<int8_t>(), scales.data_ptr<float>(), x.size(1) / kGroup};
+  return product(x, weights, values.size(0));
+}
 
 // ---- attention of single queries over a cache, each (query, key head) on its own ----
 
@@ -364,11 +431,13 @@ at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<
 
 TORCH_LIBRARY(quickdraft, m) {
   m.def("four_bit_matmul(Tensor x, Tensor nibbles, Tensor scales, Tensor offsets) -> Tensor");
+  m.def("eight_bit_matmul(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("four_bit_matmul", &four_bit_matmul);
+  m.impl("eight_bit_matmul", &eight_bit_matmul);
   m.impl("attend", &attend);
 }
