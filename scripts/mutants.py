@@ -136,8 +136,8 @@ MUTANTS = [
     Mutant(
         "four-bit-product-drops-the-offset-term",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]) + offset_total[c];",
-        "for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]);",
+        "for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total[r][c];",
+        "for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]);",
         ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
     ),
     Mutant(

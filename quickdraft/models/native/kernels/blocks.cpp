@@ -80,16 +80,16 @@ struct FourBitWeights {
   const float* scales;     // [N, K / 32]
   const float* offsets;    // [N, K / 32]
   int64_t groups;          // K / 32
-  template <int C>
-  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const;
+  template <int C, int R>
+  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const;
 };
 
 struct EightBitWeights {
   const int8_t* values;  // [N, K]
   const float* scales;   // [N, K / 32]
   int64_t groups;
-  template <int C>
-  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const;
+  template <int C, int R>
+  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const;
 };
 
 #ifdef QUICKDRAFT_AVX2
@@ -118,50 +118,72 @@ inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
-template <int C>
-void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+template <int C, int R>
+void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const {
   const int8_t* q = x.q.data() + row * groups * kGroup;
   const float* x_scale = x.scale.data() + row * groups;
   const float* x_sum = x.sum.data() + row * groups;
-  __m256 acc[C];
-  float offset_total[C];
-  for (int c = 0; c < C; ++c) {
-    acc[c] = _mm256_setzero_ps();
-    offset_total[c] = 0.0f;
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m256i activations = load32(q + g * kGroup);
+  const int64_t next = groups * kGroup;  // the next row's activations (R = 2)
+  __m256 acc[R][C];
+  float offset_total[R][C];
+  for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) {
-      const int64_t at = (first + c) * groups + g;
-      const __m256 products = unsigned_group_products(unpack_nibbles(nibbles + at * kGroupBytes), activations);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[g]), products, acc[c]);
-      offset_total[c] += offsets[at] * x_sum[g];
+      acc[r][c] = _mm256_setzero_ps();
+      offset_total[r][c] = 0.0f;
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]) + offset_total[c];
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i activations[R];
+    for (int r = 0; r < R; ++r) activations[r] = load32(q + r * next + g * kGroup);
+    for (int c = 0; c < C; ++c) {
+      const int64_t at = (first + c) * groups + g;
+      const __m256i weights = unpack_nibbles(nibbles + at * kGroupBytes);
+      for (int r = 0; r < R; ++r) {
+        const __m256 products = unsigned_group_products(weights, activations[r]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[r * groups + g]), products, acc[r][c]);
+        offset_total[r][c] += offsets[at] * x_sum[r * groups + g];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total[r][c];
+  }
 }
 
-template <int C>
-void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+template <int C, int R>
+void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const {
   const int8_t* q = x.q.data() + row * groups * kGroup;
   const float* x_scale = x.scale.data() + row * groups;
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  const int64_t next = groups * kGroup;
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
   for (int64_t g = 0; g < groups; ++g) {
-    const __m256i activations = load32(q + g * kGroup);
+    __m256i activations[R];
+    for (int r = 0; r < R; ++r) activations[r] = load32(q + r * next + g * kGroup);
     for (int c = 0; c < C; ++c) {
       const int64_t at = (first + c) * groups + g;
-      const __m256 products = signed_group_products(load32(values + at * kGroup), activations);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[g]), products, acc[c]);
+      const __m256i weights = load32(values + at * kGroup);
+      for (int r = 0; r < R; ++r) {
+        const __m256 products = signed_group_products(weights, activations[r]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[r * groups + g]), products, acc[r][c]);
+      }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = lanes_sum(acc[c]);
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]);
+  }
 }
 
 #else  // portable fallback: the same sums, in one lane
 
-template <int C>
-void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+template <int C, int R>
+void FourBitWeights::columns(const QuantizedRows& x, int64_t row_first, int64_t first, float* out_first,
+                             int64_t stride) const {
+  for (int r = 0; r < R; ++r) {
+  const int64_t row = row_first + r;
+  float* out = out_first + r * stride;
   const int8_t* q = x.q.data() + row * groups * kGroup;
   for (int c = 0; c < C; ++c) {
     float total = 0.0f, offset_total = 0.0f;
@@ -177,10 +199,15 @@ void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first,
     }
     out[c] = total + offset_total;
   }
+  }
 }
 
-template <int C>
-void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out) const {
+template <int C, int R>
+void EightBitWeights::columns(const QuantizedRows& x, int64_t row_first, int64_t first, float* out_first,
+                              int64_t stride) const {
+  for (int r = 0; r < R; ++r) {
+  const int64_t row = row_first + r;
+  float* out = out_first + r * stride;
   const int8_t* q = x.q.data() + row * groups * kGroup;
   for (int c = 0; c < C; ++c) {
     float total = 0.0f;
@@ -191,6 +218,7 @@ void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first
       total += scales[at] * x.scale[row * groups + g] * static_cast<float>(dot);
     }
     out[c] = total;
+  }
   }
 }
 
@@ -209,14 +237,25 @@ at::Tensor block_product(const at::Tensor& x, const Weights& weights, int64_t ou
   at::parallel_for(0, tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
     for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
       const int64_t first = tile * kColumnTile, count = std::min(kColumnTile, outputs - first);
-      float values[kColumnTile];
-      for (int64_t row = 0; row < rows; ++row) {
-        if (count == kColumnTile) {
-          weights.template columns<kColumnTile>(quantized, row, first, values);
+      float values[2 * kColumnTile];  // [2 rows][kColumnTile]
+      for (int64_t row = 0; row < rows; row += 2) {
+        const int64_t pair = std::min<int64_t>(2, rows - row);
+        if (count == kColumnTile && pair == 2) {
+          weights.template columns<kColumnTile, 2>(quantized, row, first, values, kColumnTile);
+        } else if (count == kColumnTile) {
+          weights.template columns<kColumnTile, 1>(quantized, row, first, values, kColumnTile);
         } else {
-          for (int64_t c = 0; c < count; ++c) weights.template columns<1>(quantized, row, first + c, values + c);
+          for (int64_t r = 0; r < pair; ++r) {
+            for (int64_t c = 0; c < count; ++c) {
+              weights.template columns<1, 1>(quantized, row + r, first + c, values + r * kColumnTile + c, 1);
+            }
+          }
         }
-        for (int64_t c = 0; c < count; ++c) out[row * outputs + first + c] = static_cast<T>(values[c]);
+        for (int64_t r = 0; r < pair; ++r) {
+          for (int64_t c = 0; c < count; ++c) {
+            out[(row + r) * outputs + first + c] = static_cast<T>(values[r * kColumnTile + c]);
+          }
+        }
       }
     }
   });
