@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 import torch
 
-from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul
+from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul, rms_norm
 
 GROUP = 32
 KINDS = ("four_bit", "eight_bit")
@@ -130,3 +130,16 @@ def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_r
     assert torch.equal(torch.cat(alone), out)
     with pytest.raises(RuntimeError, match="empty or outside span"):
         attend(queries[:1], keys, values, sequence[:1], torch.tensor([5]), torch.tensor([5]), 0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_rows_follow_torch_and_never_depend_on_the_other_rows(dtype):
+    generator = torch.Generator().manual_seed(6)
+    x = (torch.randn(7, 3, 96, generator=generator) * 4).to(dtype)
+    weight = torch.randn(96, generator=generator).to(dtype)
+    for w in (weight, None):
+        out = rms_norm(x, w, 1e-6)
+        expected = torch.nn.functional.rms_norm(x.double(), (96,), None if w is None else w.double(), 1e-6)
+        tolerance = 1e-6 if dtype == torch.float32 else 2**-8  # the output's rounding
+        assert out.dtype == dtype and torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance)
+        assert torch.equal(torch.cat([rms_norm(x[i : i + 1], w, 1e-6) for i in range(7)]), out)

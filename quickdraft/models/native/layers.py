@@ -23,11 +23,6 @@ def block_mask(start: int, n: int, window: int | None, groups: int, device: torc
     return mask.repeat(groups, 1)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., d] normalised over d, times weight [d] (already offset for Gemma)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
 def attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -20,13 +20,13 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kernels import attend as attend_rows
+from quickdraft.models.native.kernels import rms_norm
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import (
     attention,
     block_mask,
     gated_mlp,
     key_begin,
-    rms_norm,
 )
 from quickdraft.models.native.rope import RopeTable, apply_rope
 from quickdraft.models.native.spec import DecoderSpec

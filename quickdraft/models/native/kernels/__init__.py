@@ -102,3 +102,11 @@ def attend(
         q = queries[r].float().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
         out[r] = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v).reshape(-1)
     return out.to(queries.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x [..., d] / rms over d, times weight [d] (x's dtype) when given, in float32 per row, rounded once to x's
+    dtype; on a device other than the CPU, torch's own."""
+    if x.device.type != "cpu":
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    return kernels().rms_norm(x.contiguous(), weight, eps)

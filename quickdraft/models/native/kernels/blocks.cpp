@@ -118,35 +118,47 @@ inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
+// sum over g of a[g] * b[g], 8 groups a lane then the rest in order: the same order for every row and column.
+inline float group_dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
+  float total = lanes_sum(acc);
+  for (; g < n; ++g) total += a[g] * b[g];
+  return total;
+}
+
 template <int C, int R>
 void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const {
   const int8_t* q = x.q.data() + row * groups * kGroup;
   const float* x_scale = x.scale.data() + row * groups;
-  const float* x_sum = x.sum.data() + row * groups;
   const int64_t next = groups * kGroup;  // the next row's activations (R = 2)
   __m256 acc[R][C];
-  float offset_total[R][C];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) {
-      acc[r][c] = _mm256_setzero_ps();
-      offset_total[r][c] = 0.0f;
-    }
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   }
   for (int64_t g = 0; g < groups; ++g) {
     __m256i activations[R];
-    for (int r = 0; r < R; ++r) activations[r] = load32(q + r * next + g * kGroup);
+    __m256 activation_scale[R];
+    for (int r = 0; r < R; ++r) {
+      activations[r] = load32(q + r * next + g * kGroup);
+      activation_scale[r] = _mm256_set1_ps(x_scale[r * groups + g]);
+    }
     for (int c = 0; c < C; ++c) {
       const int64_t at = (first + c) * groups + g;
       const __m256i weights = unpack_nibbles(nibbles + at * kGroupBytes);
+      const __m256 weight_scale = _mm256_set1_ps(scales[at]);
       for (int r = 0; r < R; ++r) {
         const __m256 products = unsigned_group_products(weights, activations[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[r * groups + g]), products, acc[r][c]);
-        offset_total[r][c] += offsets[at] * x_sum[r * groups + g];
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(weight_scale, activation_scale[r]), products, acc[r][c]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total[r][c];
+  for (int r = 0; r < R; ++r) {  // plus the offsets times the activations' group sums
+    for (int c = 0; c < C; ++c) {
+      const float offset_total = group_dot(offsets + (first + c) * groups, x.sum.data() + (row + r) * groups, groups);
+      out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total;
+    }
   }
 }
 
@@ -161,13 +173,18 @@ void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first
   }
   for (int64_t g = 0; g < groups; ++g) {
     __m256i activations[R];
-    for (int r = 0; r < R; ++r) activations[r] = load32(q + r * next + g * kGroup);
+    __m256 activation_scale[R];
+    for (int r = 0; r < R; ++r) {
+      activations[r] = load32(q + r * next + g * kGroup);
+      activation_scale[r] = _mm256_set1_ps(x_scale[r * groups + g]);
+    }
     for (int c = 0; c < C; ++c) {
       const int64_t at = (first + c) * groups + g;
       const __m256i weights = load32(values + at * kGroup);
+      const __m256 weight_scale = _mm256_set1_ps(scales[at]);
       for (int r = 0; r < R; ++r) {
         const __m256 products = signed_group_products(weights, activations[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(scales[at] * x_scale[r * groups + g]), products, acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(weight_scale, activation_scale[r]), products, acc[r][c]);
       }
     }
   }
@@ -466,6 +483,64 @@ at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<
   return attend_rows<float>(queries, keys, values, s, b, e, scale);
 }
 
+// ---- RMS norm of each row, in float32 ----
+
+template <typename T>
+void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out) {
+  float squares = 0.0f;
+#ifdef QUICKDRAFT_AVX2
+  if (width % 8 == 0) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < width; i += 8) {
+      const __m256 v = load8(x + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    squares = lanes_sum(acc);
+  } else {
+    for (int64_t i = 0; i < width; ++i) squares += to_float(x[i]) * to_float(x[i]);
+  }
+#else
+  for (int64_t i = 0; i < width; ++i) squares += to_float(x[i]) * to_float(x[i]);
+#endif
+  const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(width) + eps);
+  for (int64_t i = 0; i < width; ++i) {
+    const float scaled = to_float(x[i]) * inverse;
+    out[i] = static_cast<T>(weight == nullptr ? scaled : scaled * to_float(weight[i]));
+  }
+}
+
+template <typename T>
+void normalize_rows(const at::Tensor& x, const c10::optional<at::Tensor>& weight, double eps, int64_t rows,
+                    int64_t width, at::Tensor& result) {
+  const T* w = weight.has_value() ? weight->data_ptr<T>() : nullptr;
+  const T* in = x.data_ptr<T>();
+  T* out = result.data_ptr<T>();
+  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      normalize_row(in + r * width, w, width, static_cast<float>(eps), out + r * width);
+    }
+  });
+}
+
+// x [..., d] contiguous float32 or bfloat16; weight [d] of x's dtype or none -> x / rms(x) * weight, per row,
+// in float32, rounded once to x's dtype.
+at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> weight, double eps) {
+  TORCH_CHECK(x.is_contiguous() && x.device().is_cpu() && x.dim() >= 1, "x must be a contiguous CPU tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
+  const int64_t width = x.size(-1), rows = width == 0 ? 0 : x.numel() / width;
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->is_contiguous() && weight->dim() == 1 && weight->size(0) == width &&
+                weight->scalar_type() == x.scalar_type(), "weight must be [d] in x's dtype");
+  }
+  auto result = at::empty_like(x);
+  if (x.scalar_type() == at::kBFloat16) {
+    normalize_rows<c10::BFloat16>(x, weight, eps, rows, width, result);
+  } else {
+    normalize_rows<float>(x, weight, eps, rows, width, result);
+  }
+  return result;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quickdraft, m) {
@@ -473,10 +548,12 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("eight_bit_matmul(Tensor x, Tensor values, Tensor scales) -> Tensor");
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("four_bit_matmul", &four_bit_matmul);
   m.impl("eight_bit_matmul", &eight_bit_matmul);
   m.impl("attend", &attend);
+  m.impl("rms_norm", &rms_norm);
 }
