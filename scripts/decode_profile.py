@@ -25,6 +25,7 @@ MATRIX_PRODUCTS = (
     "aten::bmm",
     "aten::matmul",
     "quickdraft::four_bit_matmul",
+    "quickdraft::eight_bit_matmul",
 )
 
 

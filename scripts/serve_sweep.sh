@@ -47,7 +47,9 @@ if [ -n "$llama_bin" ]; then
     --spec-type ngram-simple -fa off --jinja > "$out/llama-server.log" 2>&1 &
   server=$!
   wait_healthy "$port"
-  sweep "llama-server -np $max_batch --spec-type ngram-simple" llama-server
+  # cache_prompt false: the sweep sends the same prompts at every level, and llama-server would answer them from
+  # its prompt cache after the first level (quickdraft has no prompt cache): both then prefill every prompt.
+  sweep "llama-server -np $max_batch --spec-type ngram-simple" llama-server '{"cache_prompt": false}'
   kill "$server"; wait "$server" 2>/dev/null || true
   runs+=("$out/llama-server/results.json")
 fi
