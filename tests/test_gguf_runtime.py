@@ -123,10 +123,13 @@ def test_block_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model)
     assert set(kinds.values()) == {"Q4_0", "Q4_1", "Q5_0", "Q8_0"}
 
 
-def test_the_gguf_dtype_follows_the_exact_float32_weights_closer_than_int8_does(gguf_model):
-    """gguf computes with the file's exact weights and int8 activations per group of 32 (as llama.cpp does), int8
-    re-quantizes every de-quantized row and keeps bfloat16 activations. The float32 runner computes with the file's
-    exact weights. Compared on the final hidden states: the output layer is Q8_0, int8 per row in both."""
+def test_the_gguf_dtype_follows_the_exact_float32_weights_within_its_activation_rounding(gguf_model):
+    """gguf computes with the file's exact weights; its verification rows quantize the products' activations to
+    int8 per group of 32 (as llama.cpp does), its prompt blocks multiply the exact weights densely. The float32
+    runner computes with the same exact weights, so their distance is the activations' rounding: bounded by a
+    small multiple of bfloat16's (whose steps are 2^-9 of each value, where int8 steps are a group's max / 127).
+    int8 per row is not compared: re-quantizing 4-bit weights to 8 bits moves them about as little. Compared on
+    the final hidden states: the output layer is not in them."""
     model_dir, path, _ = gguf_model
 
     def final_states(dtype: str) -> torch.Tensor:  # [n, d] of a prompt block, then of verification rows
@@ -137,9 +140,7 @@ def test_the_gguf_dtype_follows_the_exact_float32_weights_closer_than_int8_does(
         return torch.cat((prompt, verified))
 
     exact = final_states("float32")
-    distance = {dtype: (final_states(dtype) - exact).abs().max().item() for dtype in ("gguf", "int8", "bfloat16")}
-    assert distance["gguf"] < distance["int8"], distance
-    # the int8 activations (a step of a group's max / 127, where bfloat16 rounds each value by 2^-9) set the floor
+    distance = {dtype: (final_states(dtype) - exact).abs().max().item() for dtype in ("gguf", "bfloat16")}
     assert distance["gguf"] <= 5 * distance["bfloat16"], distance
 
 

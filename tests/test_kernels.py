@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 import torch
 
-from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul, rms_norm
+from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul, rms_norm, rope, silu_mul
 
 GROUP = 32
 KINDS = ("four_bit", "eight_bit")
@@ -143,3 +143,25 @@ def test_rms_norm_rows_follow_torch_and_never_depend_on_the_other_rows(dtype):
         tolerance = 1e-6 if dtype == torch.float32 else 2**-8  # the output's rounding
         assert out.dtype == dtype and torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance)
         assert torch.equal(torch.cat([rms_norm(x[i : i + 1], w, 1e-6) for i in range(7)]), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_silu_rows_follow_torch_and_never_depend_on_the_other_rows(dtype):
+    generator = torch.Generator().manual_seed(8)
+    qkv = torch.randn(6, 5 * 64 + 64, generator=generator).to(dtype)  # rows wider than the heads rotated
+    x = qkv[:, : 5 * 64].view(6, 5, 64)  # [N, heads, hd], rows 384 apart: as the runner's queries|keys view
+    angles = torch.rand(6, 1, 32, generator=generator) * 6
+    cos, sin = torch.cat((angles.cos(),) * 2, dim=-1), torch.cat((-angles.sin(), angles.sin()), dim=-1)
+    out = rope(x, cos.to(dtype), sin.to(dtype))
+    wide = x.double()
+    expected = wide * cos.to(dtype).double() + torch.cat((wide[..., 32:], wide[..., :32]), -1) * sin.to(dtype).double()
+    tolerance = 1e-6 if dtype == torch.float32 else 2**-8
+    assert out.dtype == dtype and torch.allclose(out.double(), expected, rtol=tolerance, atol=tolerance)
+    alone = [rope(x[i : i + 1], cos[i : i + 1].to(dtype), sin[i : i + 1].to(dtype)) for i in range(6)]
+    assert torch.equal(torch.cat(alone), out)
+    gate_up = (torch.randn(6, 2 * 100, generator=generator) * 8).to(dtype)  # 100: vector lanes and a tail
+    product = silu_mul(gate_up)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    assert product.dtype == dtype and torch.allclose(product.double(), expected, rtol=tolerance, atol=tolerance)
+    assert torch.equal(torch.cat([silu_mul(gate_up[i : i + 1]) for i in range(6)]), product)

@@ -3,6 +3,7 @@
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models.native.kernels import silu_mul
 from quickdraft.models.native.weights import LayerWeights, RowGroup
 
 
@@ -46,6 +47,8 @@ def attention(
 
 def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, groups: tuple[RowGroup, ...]) -> torch.Tensor:
     """down(act(gate(x)) * up(x)), gate and up in one matmul: x [N, d] -> [N, d] (`groups`: `Linear.batched`)."""
-    gate, up = weights.gate_up.batched(x, groups).chunk(2, dim=-1)  # [N, I] each
-    gate = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    return weights.down.batched(gate * up, groups)
+    gate_up = weights.gate_up.batched(x, groups)  # [N, 2 I]
+    if activation == "silu":
+        return weights.down.batched(silu_mul(gate_up), groups)
+    gate, up = gate_up.chunk(2, dim=-1)  # [N, I] each
+    return weights.down.batched(F.gelu(gate, approximate="tanh") * up, groups)

@@ -56,10 +56,3 @@ class RopeTable:
 
 def _place(table: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return table[:, None, :].to(device=device, dtype=dtype).contiguous()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotate x [n, heads, hd] by positions whose tables are cos, sin_signed [n, 1, hd]."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [n, heads, hd]: (x2, x1)
-    return torch.addcmul(x * cos, swapped, sin_signed)

@@ -21,6 +21,7 @@ from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kernels import attend as attend_rows
 from quickdraft.models.native.kernels import rms_norm
+from quickdraft.models.native.kernels import rope as rope_rows
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import (
     attention,
@@ -28,7 +29,7 @@ from quickdraft.models.native.layers import (
     gated_mlp,
     key_begin,
 )
-from quickdraft.models.native.rope import RopeTable, apply_rope
+from quickdraft.models.native.rope import RopeTable
 from quickdraft.models.native.spec import DecoderSpec
 from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights, RowGroup
 
@@ -345,7 +346,7 @@ class NativeRunner:
         values = qkv[:, self._qk_width :].view(n, spec.num_kv_heads, spec.head_dim)
         if layer.qk_norm is not None:
             qk = rms_norm(qk, None, spec.rms_norm_eps) * layer.qk_norm
-        return apply_rope(qk, *rope), values
+        return rope_rows(qk, *rope), values
 
     def _attention_output_and_mlp(
         self, layer: LayerWeights, x: torch.Tensor, attended: torch.Tensor, groups: tuple[RowGroup, ...]

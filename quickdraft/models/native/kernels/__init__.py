@@ -110,3 +110,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if x.device.type != "cpu":
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
     return kernels().rms_norm(x.contiguous(), weight, eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate x [N, heads, hd] (each row's heads contiguous, rows at any stride) by cos, sin_signed [N, 1, hd]:
+    x * cos + x with its halves swapped * sin_signed, in float32 per element, rounded once -> [N, heads, hd]."""
+    if x.device.type != "cpu":
+        half = x.shape[-1] // 2
+        return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin_signed)
+    return kernels().rope(x, cos, sin_signed)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [N, 2 I] (gate columns, then up) -> silu(gate) * up [N, I], in float32, rounded once."""
+    if gate_up.device.type != "cpu":
+        gate, up = gate_up.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    return kernels().silu_mul(gate_up.contiguous())

@@ -2,7 +2,8 @@
 // groups with a scale), computed as llama.cpp computes them: each activation row is quantized to int8 in groups
 // of 32 (one float scale per group), and each output is a sum over groups of integer dot products times the two
 // scales (plus, for 4-bit groups, the weights' group offset times the group's activation sum). And attention of
-// single query rows over a sequence's cached keys.
+// single query rows over a sequence's cached keys; RMS norm, rotary embeddings and the SiLU-gated product, per
+// row.
 //
 // Every output element (row m, column n) is computed by one thread, over its groups in order, with the same
 // instructions whatever the row count, the column tiling or the thread count: a row's result never depends on
@@ -483,6 +484,101 @@ at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<
   return attend_rows<float>(queries, keys, values, s, b, e, scale);
 }
 
+// ---- rotary embeddings and the gated activation, each row on its own ----
+
+// x [N, heads, hd] with rows `row_stride` apart (a row's heads contiguous); cos, sin_signed [N, hd]:
+// out = x * cos + x with its halves swapped * sin_signed, in float32, rounded once -> [N, heads, hd] contiguous.
+template <typename T>
+void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed, at::Tensor& result) {
+  const int64_t rows = x.size(0), heads = x.size(1), head_dim = x.size(2), half = head_dim / 2;
+  const int64_t row_stride = x.stride(0);
+  const T* in_all = x.data_ptr<T>();
+  const T* cos_all = cos.data_ptr<T>();
+  const T* sin_all = sin_signed.data_ptr<T>();
+  T* out_all = result.data_ptr<T>();
+  at::parallel_for(0, rows, 8, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const T* c = cos_all + r * head_dim;
+      const T* s = sin_all + r * head_dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* in = in_all + r * row_stride + h * head_dim;
+        T* out = out_all + (r * heads + h) * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) {
+          const float swapped = to_float(in[i < half ? i + half : i - half]);
+          out[i] = static_cast<T>(to_float(in[i]) * to_float(c[i]) + swapped * to_float(s[i]));
+        }
+      }
+    }
+  });
+}
+
+at::Tensor rope(at::Tensor x, at::Tensor cos, at::Tensor sin_signed) {
+  TORCH_CHECK(x.dim() == 3 && x.device().is_cpu() && x.stride(2) == 1 && x.stride(1) == x.size(2),
+              "x must be a CPU [N, heads, hd] tensor whose rows hold their heads contiguously");
+  TORCH_CHECK(x.size(2) % 2 == 0, "head_dim must be even");
+  for (const auto* t : {&cos, &sin_signed}) {
+    TORCH_CHECK(t->is_contiguous() && t->numel() == x.size(0) * x.size(2) && t->scalar_type() == x.scalar_type(),
+                "cos and sin_signed must be contiguous [N, 1, hd] in x's dtype");
+  }
+  auto result = at::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    rotate_rows<c10::BFloat16>(x, cos, sin_signed, result);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 or bfloat16");
+    rotate_rows<float>(x, cos, sin_signed, result);
+  }
+  return result;
+}
+
+// gate_up [N, 2I] (gate columns, then up) -> silu(gate) * up [N, I], in float32, rounded once.
+template <typename T>
+void silu_rows(const at::Tensor& gate_up, at::Tensor& result) {
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  const T* in_all = gate_up.data_ptr<T>();
+  T* out_all = result.data_ptr<T>();
+  at::parallel_for(0, rows, 4, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      const T* gate = in_all + r * 2 * width;
+      const T* up = gate + width;
+      T* out = out_all + r * width;
+      int64_t i = 0;
+#ifdef QUICKDRAFT_AVX2
+      const __m256 one = _mm256_set1_ps(1.0f);
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      for (; i + 8 <= width; i += 8) {  // silu(g) = g / (1 + e^-g), through e^-|g| so the exp never overflows
+        const __m256 g = load8(gate + i);
+        const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // e^-|g|
+        const __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        const __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
+        const __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);  // by g's sign bit
+        float values[8];
+        _mm256_storeu_ps(values, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), load8(up + i)));
+        for (int j = 0; j < 8; ++j) out[i + j] = static_cast<T>(values[j]);
+      }
+#endif
+      for (; i < width; ++i) {
+        const float g = to_float(gate[i]);
+        const float e = std::exp(-std::fabs(g));
+        const float sigmoid = g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        out[i] = static_cast<T>(g * sigmoid * to_float(up[i]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(at::Tensor gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.device().is_cpu() && gate_up.size(1) % 2 == 0,
+              "gate_up must be a contiguous CPU [N, 2 I] matrix");
+  auto result = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  if (gate_up.scalar_type() == at::kBFloat16) {
+    silu_rows<c10::BFloat16>(gate_up, result);
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kFloat, "gate_up must be float32 or bfloat16");
+    silu_rows<float>(gate_up, result);
+  }
+  return result;
+}
+
 // ---- RMS norm of each row, in float32 ----
 
 template <typename T>
@@ -549,6 +645,8 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin_signed) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -556,4 +654,6 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("eight_bit_matmul", &eight_bit_matmul);
   m.impl("attend", &attend);
   m.impl("rms_norm", &rms_norm);
+  m.impl("rope", &rope);
+  m.impl("silu_mul", &silu_mul);
 }
