@@ -165,3 +165,17 @@ def test_rope_and_silu_rows_follow_torch_and_never_depend_on_the_other_rows(dtyp
     expected = torch.nn.functional.silu(gate) * up
     assert product.dtype == dtype and torch.allclose(product.double(), expected, rtol=tolerance, atol=tolerance)
     assert torch.equal(torch.cat([silu_mul(gate_up[i : i + 1]) for i in range(6)]), product)
+
+
+def test_a_machine_that_cannot_build_the_kernels_gets_a_clear_error(monkeypatch):
+    import torch.utils.cpp_extension
+
+    from quickdraft.errors import ModelError
+    from quickdraft.models.native import kernels as kernels_module
+
+    def no_compiler(**_):
+        raise RuntimeError("Error building extension: g++: command not found")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    with pytest.raises(ModelError, match=r"need a C\+\+ compiler \(g\+\+\).*use --runtime hf"):
+        kernels_module.kernels.__wrapped__()  # the build itself, past the cache of this process's loaded kernels

@@ -60,7 +60,7 @@ def kernels():
     except (RuntimeError, OSError) as error:  # no compiler, no ninja, or a compile error
         raise ModelError(
             f"could not build quickdraft's CPU kernels ({error}); they need a C++ compiler (g++) and the Python "
-            "headers; install them, or use --dtype int8"
+            "headers; install them, or use --runtime hf (the transformers runner, slower)"
         ) from error
     return torch.ops.quickdraft
 
