@@ -64,6 +64,20 @@ MUTANTS = [
         ("tests/test_exactness.py", "-k", "cache_free and native"),
     ),
     Mutant(
+        "decoder-writes-keys-one-position-late",
+        "quickdraft/models/native/kernels/decoder.cpp",
+        "cache_keys.narrow(1, starts[s], count)",
+        "cache_keys.narrow(1, starts[s] + 1, count)",
+        ("tests/test_exactness.py", "-k", "cache_free and native"),
+    ),
+    Mutant(
+        "decoder-skips-the-post-mlp-norm",
+        "quickdraft/models/native/kernels/decoder.cpp",
+        "if (layer.post_mlp_norm.defined()) out",
+        "if (false) out",
+        ("tests/test_batch_runtime.py", "-k", "cpp_decoder and gemma3"),
+    ),
+    Mutant(
         "batched-verdicts-swapped",
         "quickdraft/engine.py",
         "zip(decodes, outputs[len(prefills) :])",

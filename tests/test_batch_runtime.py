@@ -17,7 +17,7 @@ from quickdraft.models.base import PREFILL_BLOCK, BatchRunner, SequenceStep
 from quickdraft.models.native import native_runner_for
 from quickdraft.models.native import runner as runner_module
 from quickdraft.models.native.weights import Linear, prompt_dtype
-from tests.test_native_runtime import _COMMON, VARIANTS, _save_random_model
+from tests.test_native_runtime import _COMMON, VARIANTS, _save_random_model, python_layers
 
 VOCAB = _COMMON["vocab_size"]
 CONFIGS = {name: VARIANTS[name] for name in ("llama_gqa2_tied_linear", "mistral_sliding", "gemma3_interleaved")}
@@ -73,6 +73,20 @@ def test_batched_rows_equal_each_sequence_alone(model_dir, dtype):
     assert batch_differences(batched, alone, sequences=5, rounds=40, seed=len(dtype)) == []
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cpp_decoder_gives_the_bits_of_the_python_layers(tmp_path, monkeypatch, variant, dtype):
+    """On the CPU a forward whose every row verifies runs in the C++ decoder (kernels/decoder.cpp), any other in
+    the Python layers; a sequence's rows must not depend on which ran them. `batched` takes both paths (its
+    forwards mix prompt chunks and verifications), `alone` only the Python layers: logits, states and caches
+    must match bit for bit."""
+    _save_random_model(VARIANTS[variant](), tmp_path)
+    batched, alone = native_runner_for(tmp_path, dtype), native_runner_for(tmp_path, dtype)
+    assert batched._decoder is not None
+    python_layers(alone, monkeypatch)
+    assert batch_differences(batched, alone, sequences=3, rounds=30, seed=7) == []
+
+
 def split_k_product(self: Linear, x: torch.Tensor, groups) -> torch.Tensor:
     """A batch-variant kernel: one product over the whole batch that accumulates the inner dimension in two
     halves when it has more than 4 rows (split-K)."""
@@ -86,6 +100,8 @@ def split_k_product(self: Linear, x: torch.Tensor, groups) -> torch.Tensor:
 
 def test_a_batch_variant_kernel_fails_the_invariance_check(model_dir, monkeypatch):
     batched, alone = native_runner_for(model_dir, "float32"), native_runner_for(model_dir, "float32")
+    for runner in (batched, alone):
+        python_layers(runner, monkeypatch)
     monkeypatch.setattr(Linear, "batched", split_k_product)
     assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
 
@@ -113,6 +129,8 @@ def padded_batch_attention(queries, keys, values, sequence, begin, end, scale):
 def test_a_batch_variant_attention_fails_the_invariance_check(tmp_path, monkeypatch, variant):
     _save_random_model(CONFIGS[variant](), tmp_path)
     batched, alone = native_runner_for(tmp_path, "int8"), native_runner_for(tmp_path, "int8")
+    for runner in (batched, alone):
+        python_layers(runner, monkeypatch)
     monkeypatch.setattr(runner_module, "attend_rows", padded_batch_attention)
     assert batch_differences(batched, alone, sequences=5, rounds=12, seed=1)
 

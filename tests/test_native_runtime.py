@@ -347,6 +347,13 @@ def test_verification_rows_equal_one_token_forwards_past_a_long_sliding_window(t
 ATTEND = runner_module.attend_rows
 
 
+def python_layers(runner, monkeypatch) -> None:
+    """Run every forward of `runner` through the Python layers, whose attention call a test swaps: on the CPU a
+    forward whose every row verifies otherwise runs in the C++ decoder, which computes the same bits
+    (`test_batch_runtime.test_the_cpp_decoder_gives_the_bits_of_the_python_layers`)."""
+    monkeypatch.setattr(runner, "_decoder", None)
+
+
 def tail_sensitive_attend(queries, keys, values, sequence, begin, end, scale):
     """An attention kernel whose result depends on how many keys a row is handed: the way a product's tail of
     keys changes its rounding on some CPUs (seen with bfloat16 on AVX2)."""
@@ -380,6 +387,7 @@ def test_verification_rows_equal_one_token_forwards_even_with_a_kernel_sensitive
     monkeypatch.setattr(runner_module, "attend_rows", tail_sensitive_attend)
     _save_random_model(VARIANTS[variant](), tmp_path)
     runner = native_runner_for(tmp_path, "int8", "cpu")  # the dtype whose products are row-invariant
+    python_layers(runner, monkeypatch)
 
     def differences() -> list[float]:
         runner.prefill(_tokens(20, seed=11))

@@ -20,7 +20,7 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kernels import attend as attend_rows
-from quickdraft.models.native.kernels import rms_norm
+from quickdraft.models.native.kernels import decoder, rms_norm
 from quickdraft.models.native.kernels import rope as rope_rows
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import (
@@ -35,6 +35,7 @@ from quickdraft.models.native.weights import LayerWeights, Linear, ModelWeights,
 
 PREFILL_CHUNK = 4 * PREFILL_BLOCK  # prompt tokens per forward during a batch-1 prefill
 OWN_SLOT = 0  # the slot of the batch-1 methods (prefill, forward, rollback)
+MATRIX_FORMS = {"dense": 0, "int8": 1, "int4": 2, "int8/32": 3}  # Linear.form -> decoder.cpp's Form
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class NativeRunner:
         self._embedding_scale = (
             None if spec.embedding_scale is None else torch.tensor(spec.embedding_scale, dtype=dtype, device=device)
         )
+        self._windows = tuple(dict.fromkeys(spec.layer_windows))  # each sliding-window size once (None: full)
+        self._decoder = self._native_decoder() if device.type == "cpu" else None
 
     @property
     def cache_length(self) -> int:
@@ -173,13 +176,72 @@ class NativeRunner:
         verifying = self._verifications(sequences)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
-        for i, layer in enumerate(self._weights.layers):
-            if i in wanted:
-                entering[i] = x
-            x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]], verifying)
+        if verifying.rows is None and self._decoder is not None:
+            x, entering = self._decode(x, sequences, rope, verifying, wanted)
+        else:
+            for i, layer in enumerate(self._weights.layers):
+                if i in wanted:
+                    entering[i] = x
+                x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]], verifying)
         for sequence, n in zip(sequences, lengths):
             sequence.cache.length = sequence.start + n
         return self._outputs(steps, sequences, x, entering)
+
+    def _decode(
+        self,
+        x: torch.Tensor,
+        sequences: list[_Sequence],
+        rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        verifying: "_Verifications",
+        wanted: set[int],
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Every layer of a forward whose rows all verify, in one call of the C++ decoder (`kernels/decoder.cpp`):
+        the same kernels and operators in the same order as `_layer`, so the same bits. x [N, d] -> (x after the
+        last layer [N, d], the residual stream entering each wanted layer)."""
+        caches = verifying.caches  # every sequence's, in order
+        layers = sorted(wanted & set(range(self.spec.num_layers)))
+        _, end = next(iter(verifying.spans.values()))  # the same in every window
+        out = self._decoder.run(
+            x,
+            [keys for cache in caches for keys in cache.keys],
+            [values for cache in caches for values in cache.values],
+            [seq.start for seq in sequences],
+            [seq.rows.stop - seq.rows.start for seq in sequences],
+            verifying.sequence,
+            end,
+            [verifying.spans[window][0] for window in self._windows],
+            [cos for cos, _ in rope.values()],
+            [sin for _, sin in rope.values()],
+            layers,
+        )
+        return out[0], dict(zip(layers, out[1:]))
+
+    def _native_decoder(self):
+        """The C++ decoder (`kernels.decoder`) holding every layer's weights; its window and rope slots index
+        `self._windows` and `spec.rope`, in their order."""
+        spec = self.spec
+        native = decoder(
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.head_dim,
+            spec.rms_norm_eps,
+            spec.attention_scale,
+            spec.activation == "gelu_tanh",
+        )
+        rope_keys = list(spec.rope)
+        for i, layer in enumerate(self._weights.layers):
+            native.add_layer(
+                layer.input_norm,
+                layer.qk_norm,
+                layer.post_attention_norm,
+                layer.pre_mlp_norm,
+                layer.post_mlp_norm,
+                self._windows.index(spec.layer_windows[i]),
+                rope_keys.index(spec.layer_rope[i]),
+            )
+            for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                native.add_matrix(MATRIX_FORMS[linear.form], linear.weight, linear.scales, linear.offsets, linear.bias)
+        return native
 
     def _verifications(self, sequences: list[_Sequence]) -> "_Verifications":
         """Which rows verify (every one not in a prompt chunk) and the keys each reads, per sliding-window size."""

@@ -1,4 +1,5 @@
-"""quickdraft's own CPU kernels (`blocks.cpp`), compiled once per machine on first use.
+"""quickdraft's own CPU kernels (`blocks.cpp`) and decoder layers (`decoder.cpp`), compiled once per machine on
+first use.
 
 `four_bit_matmul(x, nibbles, scales, offsets)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit
 groups (weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), and
@@ -7,6 +8,9 @@ its block products: every activation row quantized to int8 per group of 32, inte
 products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
 row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
 verification row equals a 1-token row, and a batched row its solo row).
+
+`decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
+one call (runner.py fills it with the model's weights and says what it computes).
 
 Built with the machine's C++ compiler through `torch.utils.cpp_extension` (about a minute the first time; cached
 under ~/.cache/torch_extensions). The build is named after the instruction set it targets, so a home directory
@@ -21,7 +25,7 @@ import torch
 
 from quickdraft.errors import ModelError
 
-SOURCE = Path(__file__).with_name("blocks.cpp")
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -51,7 +55,7 @@ def kernels():
     try:
         load(
             name=f"quickdraft_blocks_{variant}",
-            sources=[str(SOURCE)],
+            sources=SOURCES,
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *arch],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -127,3 +131,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate) * up
     return kernels().silu_mul(gate_up.contiguous())
+
+
+def decoder(heads: int, kv_heads: int, head_dim: int, eps: float, attention_scale: float, gelu: bool):
+    """An empty `torch.classes.quickdraft.Decoder` (`decoder.cpp`) for a model of these shapes; CPU only."""
+    kernels()
+    return torch.classes.quickdraft.Decoder(heads, kv_heads, head_dim, eps, attention_scale, gelu)

@@ -10,6 +10,8 @@
 // what else is in the batch (models/native/kernels/__init__.py states the contract, tests/test_kernels.py checks it).
 // Built with -ffp-contract=off so the compiler fuses no scalar multiply-add on its own.
 
+#include "kernels.h"
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -24,7 +26,7 @@
 #define QUICKDRAFT_AVX2 1
 #endif
 
-namespace {
+namespace quickdraft {
 
 constexpr int64_t kGroup = 32;       // weights (and activations) per scale
 constexpr int64_t kGroupBytes = 16;  // packed nibbles per group: byte j holds weight j (low) and j + 16 (high)
@@ -637,7 +639,7 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> weight, double eps) 
   return result;
 }
 
-}  // namespace
+}  // namespace quickdraft
 
 TORCH_LIBRARY(quickdraft, m) {
   m.def("four_bit_matmul(Tensor x, Tensor nibbles, Tensor scales, Tensor offsets) -> Tensor");
@@ -650,10 +652,10 @@ TORCH_LIBRARY(quickdraft, m) {
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
-  m.impl("four_bit_matmul", &four_bit_matmul);
-  m.impl("eight_bit_matmul", &eight_bit_matmul);
-  m.impl("attend", &attend);
-  m.impl("rms_norm", &rms_norm);
-  m.impl("rope", &rope);
-  m.impl("silu_mul", &silu_mul);
+  m.impl("four_bit_matmul", &quickdraft::four_bit_matmul);
+  m.impl("eight_bit_matmul", &quickdraft::eight_bit_matmul);
+  m.impl("attend", &quickdraft::attend);
+  m.impl("rms_norm", &quickdraft::rms_norm);
+  m.impl("rope", &quickdraft::rope);
+  m.impl("silu_mul", &quickdraft::silu_mul);
 }

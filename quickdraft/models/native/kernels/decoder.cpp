@@ -1,0 +1,190 @@
+// The decoder layers of a forward whose every row verifies (or decodes), in one call: `torch.classes.quickdraft.
+// Decoder`. It computes exactly what runner.py's Python layers compute for such a forward, with the same kernels
+// and the same ATen operators in the same order (so the rows are the same bits whichever path ran them), without
+// the Python and dispatcher work around each of a step's ~1300 small operators. Prompt chunks, and devices other
+// than the CPU, keep the Python layers.
+
+#include "kernels.h"
+
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace quickdraft {
+namespace {
+
+// How a matrix is stored, as weights.Linear.form names it.
+enum class Form : int64_t { kDense = 0, kInt8Rows = 1, kFourBit = 2, kEightBitGroups = 3 };
+
+struct Matrix {
+  Form form;
+  at::Tensor weight;   // [out, in] dense; int8 [out, in]; nibbles [out, in / 2]; int8 [out, in]
+  at::Tensor scales;   // int8 rows: [out]; blocks: [out, in / 32] float32; undefined when dense
+  at::Tensor offsets;  // four-bit blocks: [out, in / 32] float32
+  at::Tensor bias;     // [out] or undefined
+
+  // weights.Linear.__call__: x [n, in] -> [n, out].
+  at::Tensor product(const at::Tensor& x) const {
+    at::Tensor y;
+    switch (form) {
+      case Form::kDense:
+        return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+      case Form::kInt8Rows:
+        y = at::_weight_int8pack_mm(x, weight, scales);
+        break;
+      case Form::kFourBit:
+        y = four_bit_matmul(x.contiguous(), weight, scales, offsets);
+        break;
+      case Form::kEightBitGroups:
+        y = eight_bit_matmul(x.contiguous(), weight, scales);
+        break;
+    }
+    return bias.defined() ? at::add(y, bias) : y;
+  }
+
+  // weights.Linear.batched over verification rows only: one product for all rows where the kernel computes every
+  // row the same way whatever the row count, else one per sequence (`rows`: its first row and row count).
+  at::Tensor batched(const at::Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& rows) const {
+    if (form != Form::kDense || rows.size() == 1) return product(x);
+    std::vector<at::Tensor> pieces;
+    pieces.reserve(rows.size());
+    for (const auto& [first, count] : rows) pieces.push_back(product(x.narrow(0, first, count)));
+    return at::cat(pieces);
+  }
+};
+
+struct Layer {
+  at::Tensor input_norm;           // [d]
+  at::Tensor qk_norm;              // [H + KV, hd] or undefined
+  at::Tensor post_attention_norm;  // [d] or undefined
+  at::Tensor pre_mlp_norm;         // [d]
+  at::Tensor post_mlp_norm;        // [d] or undefined
+  int64_t window_slot;             // index into run()'s `begins`
+  int64_t rope_slot;               // index into run()'s `cos` and `sin`
+  std::vector<Matrix> matrices;    // qkv, o, gate_up, down
+};
+
+at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+class Decoder : public torch::CustomClassHolder {
+ public:
+  Decoder(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double attention_scale, bool gelu)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), attention_scale_(attention_scale),
+        gelu_(gelu) {}
+
+  void add_layer(at::Tensor input_norm, std::optional<at::Tensor> qk_norm,
+                 std::optional<at::Tensor> post_attention_norm, at::Tensor pre_mlp_norm,
+                 std::optional<at::Tensor> post_mlp_norm, int64_t window_slot, int64_t rope_slot) {
+    layers_.push_back(Layer{input_norm, defined_or_empty(qk_norm), defined_or_empty(post_attention_norm),
+                            pre_mlp_norm, defined_or_empty(post_mlp_norm), window_slot, rope_slot, {}});
+  }
+
+  // The last added layer's next matrix, in the order qkv, o, gate_up, down.
+  void add_matrix(int64_t form, at::Tensor weight, std::optional<at::Tensor> scales,
+                  std::optional<at::Tensor> offsets, std::optional<at::Tensor> bias) {
+    TORCH_CHECK(!layers_.empty() && layers_.back().matrices.size() < 4, "add a layer before its four matrices");
+    TORCH_CHECK(0 <= form && form <= 3, "unknown matrix form ", form);
+    layers_.back().matrices.push_back(Matrix{static_cast<Form>(form), weight, defined_or_empty(scales),
+                                             defined_or_empty(offsets), defined_or_empty(bias)});
+  }
+
+  // x [N, d]: the stacked rows of S sequences, counts[s] rows each, at cache positions starts[s]..; keys and values
+  // [S * layers] (sequence s's layer i at s * layers + i, [KV, capacity, hd]); sequence, end [N] int64 and
+  // begins[w] [N] int64 as kernels.attend reads them (one `begins` per window slot); cos, sin [N, 1, hd] per rope
+  // slot. Writes every row's keys and values into its cache. Returns [x after the last layer, then x entering each
+  // layer of `wanted`, in its order].
+  std::vector<at::Tensor> run(at::Tensor x, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
+                              std::vector<int64_t> starts, std::vector<int64_t> counts, at::Tensor sequence,
+                              at::Tensor end, std::vector<at::Tensor> begins, std::vector<at::Tensor> cos,
+                              std::vector<at::Tensor> sin, std::vector<int64_t> wanted) {
+    const int64_t num_layers = static_cast<int64_t>(layers_.size());
+    const size_t sequences = starts.size();
+    TORCH_CHECK(counts.size() == sequences && keys.size() == sequences * num_layers && values.size() == keys.size(),
+                "give starts, counts, and every sequence's keys and values of every layer");
+    std::vector<std::pair<int64_t, int64_t>> rows;
+    int64_t first = 0;
+    for (const int64_t count : counts) {
+      rows.emplace_back(first, count);
+      first += count;
+    }
+    TORCH_CHECK(first == x.size(0), "counts must add up to x's rows");
+    std::vector<at::Tensor> entering(wanted.size());
+    for (int64_t i = 0; i < num_layers; ++i) {
+      for (size_t w = 0; w < wanted.size(); ++w) {
+        if (wanted[w] == i) entering[w] = x;
+      }
+      x = layer(i, x, keys, values, starts, rows, sequence, end, begins, cos, sin);
+    }
+    std::vector<at::Tensor> out{x};
+    out.insert(out.end(), entering.begin(), entering.end());
+    return out;
+  }
+
+ private:
+  at::Tensor layer(int64_t i, const at::Tensor& x, const std::vector<at::Tensor>& keys,
+                   const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts,
+                   const std::vector<std::pair<int64_t, int64_t>>& rows, const at::Tensor& sequence,
+                   const at::Tensor& end, const std::vector<at::Tensor>& begins, const std::vector<at::Tensor>& cos,
+                   const std::vector<at::Tensor>& sin) const {
+    const Layer& layer = layers_.at(i);
+    TORCH_CHECK(layer.matrices.size() == 4, "layer ", i, " lacks some of its four matrices");
+    const int64_t n = x.size(0), qk_width = (heads_ + kv_heads_) * head_dim_;
+    // runner._attention_inputs
+    const at::Tensor qkv = layer.matrices[0].batched(rms_norm(x, layer.input_norm, eps_), rows);  // [N, (H+2KV) hd]
+    at::Tensor qk = qkv.narrow(1, 0, qk_width).view({n, heads_ + kv_heads_, head_dim_});
+    const at::Tensor new_values = qkv.narrow(1, qk_width, kv_heads_ * head_dim_).view({n, kv_heads_, head_dim_});
+    if (layer.qk_norm.defined()) qk = at::mul(rms_norm(qk.contiguous(), std::nullopt, eps_), layer.qk_norm);
+    qk = rope(qk, cos.at(layer.rope_slot), sin.at(layer.rope_slot));  // [N, H + KV, hd]
+    // runner._layer: write the new keys and values, then every row attends alone over its own keys
+    const at::Tensor queries = qk.narrow(1, 0, heads_), new_keys = qk.narrow(1, heads_, kv_heads_);
+    const int64_t num_layers = static_cast<int64_t>(layers_.size());
+    std::vector<at::Tensor> layer_keys, layer_values;
+    for (size_t s = 0; s < starts.size(); ++s) {
+      const auto& [row, count] = rows[s];
+      const at::Tensor& cache_keys = keys[s * num_layers + i];
+      const at::Tensor& cache_values = values[s * num_layers + i];
+      cache_keys.narrow(1, starts[s], count).copy_(new_keys.narrow(0, row, count).transpose(0, 1));
+      cache_values.narrow(1, starts[s], count).copy_(new_values.narrow(0, row, count).transpose(0, 1));
+      layer_keys.push_back(cache_keys);
+      layer_values.push_back(cache_values);
+    }
+    const at::Tensor attended = attend(queries.contiguous(), layer_keys, layer_values, sequence,
+                                       begins.at(layer.window_slot), end, attention_scale_);  // [N, H hd]
+    // runner._attention_output_and_mlp
+    at::Tensor out = layer.matrices[1].batched(attended, rows);
+    if (layer.post_attention_norm.defined()) out = rms_norm(out, layer.post_attention_norm, eps_);
+    const at::Tensor mid = at::add(x, out);
+    const at::Tensor gate_up = layer.matrices[2].batched(rms_norm(mid, layer.pre_mlp_norm, eps_), rows);
+    at::Tensor activated;
+    if (gelu_) {  // layers.gated_mlp
+      const std::vector<at::Tensor> halves = at::chunk(gate_up, 2, -1);
+      activated = at::mul(at::gelu(halves[0], "tanh"), halves[1]);
+    } else {
+      activated = silu_mul(gate_up.contiguous());
+    }
+    out = layer.matrices[3].batched(activated, rows);
+    if (layer.post_mlp_norm.defined()) out = rms_norm(out, layer.post_mlp_norm, eps_);
+    return at::add(mid, out);
+  }
+
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_, attention_scale_;
+  bool gelu_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+}  // namespace quickdraft
+
+TORCH_LIBRARY_FRAGMENT(quickdraft, m) {
+  m.class_<quickdraft::Decoder>("Decoder")
+      .def(torch::init<int64_t, int64_t, int64_t, double, double, bool>())
+      .def("add_layer", &quickdraft::Decoder::add_layer)
+      .def("add_matrix", &quickdraft::Decoder::add_matrix)
+      .def("run", &quickdraft::Decoder::run);
+}
