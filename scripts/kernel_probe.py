@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul
+from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul, pack_eight_bit, pack_four_bit
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
@@ -43,16 +43,18 @@ def main() -> None:
         int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
         int4_scales_and_zeros = torch.rand(in_features // 32, out_features, 2).bfloat16()
         groups = (out_features, in_features // 32)
-        packed = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8)
+        nibble_bytes = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8)
         group_scales, group_offsets = torch.rand(groups) * 0.01, torch.rand(groups) * -0.08
+        four_bit = pack_four_bit(nibble_bytes, group_scales, group_offsets)
+        eight_bit = pack_eight_bit(int8, group_scales)
         dense = torch.randn(out_features, in_features).bfloat16()
         dense32 = dense.float()
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, in_features).bfloat16()
             time_us = partial(median_us, repeats=args.repeats)
             times = (
-                time_us(partial(four_bit_matmul, x, packed, group_scales, group_offsets)),
-                time_us(partial(eight_bit_matmul, x, int8, group_scales)),
+                time_us(partial(four_bit_matmul, x, four_bit, out_features)),
+                time_us(partial(eight_bit_matmul, x, eight_bit, out_features)),
                 time_us(partial(torch.ops.aten._weight_int8pack_mm, x, int8, int8_scales)),
                 time_us(partial(torch.ops.aten._weight_int4pack_mm_for_cpu, x, int4, 32, int4_scales_and_zeros)),
                 time_us(partial(F.linear, x, dense)),

@@ -150,8 +150,8 @@ MUTANTS = [
     Mutant(
         "four-bit-product-drops-the-offset-term",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total;",
-        "out[r * stride + c] = lanes_sum(acc[r][c]);",
+        "offset_acc[r] = _mm_fmadd_ps(weight_offsets, _mm_set1_ps(x.sum[at]), offset_acc[r]);",
+        "offset_acc[r] = _mm_setzero_ps();",
         ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
     ),
     Mutant(

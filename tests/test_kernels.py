@@ -13,7 +13,16 @@ from functools import partial
 import pytest
 import torch
 
-from quickdraft.models.native.kernels import attend, eight_bit_matmul, four_bit_matmul, rms_norm, rope, silu_mul
+from quickdraft.models.native.kernels import (
+    attend,
+    eight_bit_matmul,
+    four_bit_matmul,
+    pack_eight_bit,
+    pack_four_bit,
+    rms_norm,
+    rope,
+    silu_mul,
+)
 
 GROUP = 32
 KINDS = ("four_bit", "eight_bit")
@@ -21,20 +30,22 @@ KINDS = ("four_bit", "eight_bit")
 
 def random_matrix(kind: str, outputs: int, width: int, seed: int):
     """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
-    "four_bit" (nibbles in the kernel's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
+    "four_bit" (nibbles in the file's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
     -127..127, a scale per 32)."""
     generator = torch.Generator().manual_seed(seed)
     scales = torch.rand(outputs, width // GROUP, generator=generator) * 0.02
     if kind == "eight_bit":
         values = torch.randint(-127, 128, (outputs, width), generator=generator, dtype=torch.int8)
         weight = values.double().view(outputs, -1, GROUP) * scales.double()[..., None]
-        return partial(eight_bit_matmul, values=values, scales=scales), weight.view(outputs, width)
+        packed = pack_eight_bit(values, scales)
+        return partial(eight_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
     q = torch.randint(0, 16, (outputs, width), generator=generator, dtype=torch.uint8)
     groups = q.view(outputs, width // GROUP, GROUP)
     nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(outputs, width // 2).contiguous()
     offsets = -8 * scales + torch.randn(outputs, width // GROUP, generator=generator) * 0.002
     weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
-    return partial(four_bit_matmul, nibbles=nibbles, scales=scales, offsets=offsets), weight.view(outputs, width)
+    packed = pack_four_bit(nibbles, scales, offsets)
+    return partial(four_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,15 +96,40 @@ def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind,
 
 def test_block_products_refuse_shapes_they_cannot_compute():
     product, _ = random_matrix("four_bit", 8, 64, seed=4)
-    nibbles, scales, offsets = (product.keywords[k] for k in ("nibbles", "scales", "offsets"))
+    packed = product.keywords["packed"]
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        four_bit_matmul(torch.randn(2, 48), nibbles[:, :24].contiguous(), scales, offsets)
-    with pytest.raises(RuntimeError, match=r"nibbles must be \[N, K / 2\]"):
-        four_bit_matmul(torch.randn(2, 96), nibbles, scales, offsets)
+        four_bit_matmul(torch.randn(2, 48), packed, 8)
+    with pytest.raises(RuntimeError, match=r"packed weights must be \[ceil\(N / 4\), K / 32, 96\]"):
+        four_bit_matmul(torch.randn(2, 96), packed, 8)
+    with pytest.raises(RuntimeError, match=r"packed weights must be \[ceil\(N / 4\), K / 32, 96\]"):
+        four_bit_matmul(torch.randn(2, 64), packed, 9)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        four_bit_matmul(torch.randn(2, 64).half(), nibbles, scales, offsets)
-    with pytest.raises(RuntimeError, match="values must be contiguous int8"):
-        eight_bit_matmul(torch.randn(2, 64), torch.zeros(8, 64, dtype=torch.uint8), scales)
+        four_bit_matmul(torch.randn(2, 64).half(), packed, 8)
+    with pytest.raises(RuntimeError, match="contiguous uint8"):
+        eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
+    with pytest.raises(RuntimeError, match=r"K / 32, 144\]"):
+        eight_bit_matmul(torch.randn(2, 64), packed, 8)
+
+
+def test_packed_tiles_hold_each_rows_groups_in_order():
+    """`pack_four_bit` puts row 4t + c's group g at tile t, group g, slot c: nibbles, then scales, then offsets;
+    rows past N are zeros."""
+    nibbles = torch.arange(6 * 32, dtype=torch.int32).remainder(256).to(torch.uint8).view(6, 32)  # K = 64
+    scales = torch.arange(12, dtype=torch.float32).view(6, 2)
+    offsets = -scales
+    packed = pack_four_bit(nibbles, scales, offsets)
+    assert packed.shape == (2, 2, 96)
+    for row in range(8):
+        tile, slot = divmod(row, 4)
+        for group in range(2):
+            block = packed[tile, group]
+            got_nibbles = block[16 * slot : 16 * slot + 16]
+            got_scale, got_offset = (block[64 + 16 * i :][4 * slot : 4 * slot + 4].view(torch.float32) for i in (0, 1))
+            if row < 6:
+                assert torch.equal(got_nibbles, nibbles[row, 16 * group : 16 * group + 16])
+                assert got_scale.item() == scales[row, group] and got_offset.item() == offsets[row, group]
+            else:
+                assert not got_nibbles.any() and got_scale.item() == 0 and got_offset.item() == 0
 
 
 def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:

@@ -8,8 +8,9 @@ its `dequantize` equals the `gguf` package's own de-quantization value for value
 Q8_0 and Q5_0 store groups of 32 signed integers with one scale: w = q * scale (Q5_0: q = a 5-bit value - 16).
 `EightBitBlocks` holds them as int8 with a float32 scale per group, exactly.
 
-quickdraft's own kernels (`kernels.four_bit_matmul`, `kernels.eight_bit_matmul`) read these blocks as they are:
-the weights they compute with are the file's, exactly; like llama.cpp, they quantize the activations to int8 per
+quickdraft's own kernels (`kernels.four_bit_matmul`, `kernels.eight_bit_matmul`) read these blocks rearranged in
+tiles of 4 rows (`kernels.pack_four_bit`, `pack_eight_bit`), values unchanged: the weights they compute with are the
+file's, exactly; like llama.cpp, they quantize the activations to int8 per
 group of 32. Other formats (Q6_K's 16-weight groups, Q5_K, ...) have no such kernel here; their matrices keep the
 int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
 """

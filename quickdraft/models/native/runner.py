@@ -240,7 +240,9 @@ class NativeRunner:
                 rope_keys.index(spec.layer_rope[i]),
             )
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                native.add_matrix(MATRIX_FORMS[linear.form], linear.weight, linear.scales, linear.offsets, linear.bias)
+                native.add_matrix(
+                    MATRIX_FORMS[linear.form], linear.weight, linear.out_features, linear.scales, linear.bias
+                )
         return native
 
     def _verifications(self, sequences: list[_Sequence]) -> "_Verifications":

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from quickdraft.errors import InternalError, ModelError
 from quickdraft.models.native.gguf_blocks import Blocks, EightBitBlocks, FourBitBlocks, GgufFile, matched_rows
-from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul
+from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul, pack_eight_bit, pack_four_bit
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
@@ -56,22 +56,19 @@ class Linear:
         blocks: Blocks | None = None,
     ) -> None:
         self.bias = bias  # [out] or None
-        self.scales = None  # [out] when int8; [out, in // 32] float32 for blocks
-        self.offsets = None  # [out, in // 32] float32 for 4-bit blocks
-        self.weight = weight  # [out, in]; 4-bit blocks: the nibbles [out, in // 2] uint8; 8-bit: [out, in] int8
+        self.scales = None  # [out] when int8 per row
+        self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s or `pack_eight_bit`'s tiles (uint8)
         self._blocks = blocks  # the file's blocks, kept for dense()
         if isinstance(blocks, FourBitBlocks):
-            self.weight, self.scales, self.offsets = (
-                t.contiguous() for t in (blocks.nibbles, blocks.scales.float(), blocks.mins.float())
-            )
+            self.weight = pack_four_bit(blocks.nibbles, blocks.scales, blocks.mins)
         elif isinstance(blocks, EightBitBlocks):
-            self.weight, self.scales = blocks.values.contiguous(), blocks.scales.float().contiguous()
+            self.weight = pack_eight_bit(blocks.values, blocks.scales)
         elif int8:
             self.weight, self.scales = quantize_rows(weight)
-        self.in_features = weight.shape[1] if blocks is None else blocks.shape[1]
+        self.out_features, self.in_features = weight.shape if blocks is None else blocks.shape
         self._prompt_weight = None  # [out, in] in the prompt dtype; None: no prompt block comes here (output layer)
         if prompt_dtype is not None:
-            same = self.scales is None and prompt_dtype == weight.dtype
+            same = self.form == "dense" and prompt_dtype == weight.dtype
             self._prompt_weight = self.weight if same else self.dense().to(prompt_dtype)
         self._prompt_bias = None if bias is None or prompt_dtype is None else bias.to(prompt_dtype)
 
@@ -85,12 +82,13 @@ class Linear:
     @property
     def row_invariant(self) -> bool:
         """Whether the kernel computes every row the same way whatever the row count (int8 and blocks do)."""
-        return self.scales is not None
+        return self.form != "dense"
 
     @property
     def nbytes(self) -> int:
-        """Bytes a product reads: the weight in its stored form, its scales (and zeros) and bias."""
-        return sum(t.nbytes for t in (self.weight, self.scales, self.offsets, self.bias) if t is not None)
+        """Bytes a product reads: the weight in its stored form (blocks with their scales and offsets), its
+        per-row scales and bias."""
+        return sum(t.nbytes for t in (self.weight, self.scales, self.bias) if t is not None)
 
     def dense(self) -> torch.Tensor:
         """The weight [out, in] as a float tensor (int8 and blocks de-quantized from what their kernels read)."""
@@ -99,12 +97,13 @@ class Linear:
         return self.weight if self.scales is None else self.weight.float() * self.scales.float()[:, None]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
-        if self.scales is None:
+        form = self.form
+        if form == "dense":
             return F.linear(x, self.weight, self.bias)
-        if self.offsets is not None:
-            y = four_bit_matmul(x, self.weight, self.scales, self.offsets)
-        elif self._blocks is not None:
-            y = eight_bit_matmul(x, self.weight, self.scales)
+        if form == "int4":
+            y = four_bit_matmul(x, self.weight, self.out_features)
+        elif form == "int8/32":
+            y = eight_bit_matmul(x, self.weight, self.out_features)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         return y if self.bias is None else y + self.bias

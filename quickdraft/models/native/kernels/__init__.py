@@ -1,10 +1,11 @@
 """quickdraft's own CPU kernels (`blocks.cpp`) and decoder layers (`decoder.cpp`), compiled once per machine on
 first use.
 
-`four_bit_matmul(x, nibbles, scales, offsets)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit
-groups (weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), and
-`eight_bit_matmul(x, values, scales)` of int8 groups (weight = value * scale), computed as llama.cpp computes
-its block products: every activation row quantized to int8 per group of 32, integer dot
+`four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
+(weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), and
+`eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale), the weights packed once in tiles of
+4 rows (`pack_four_bit`, `pack_eight_bit`) so that each thread reads one sequential stream, computed as llama.cpp
+computes its block products: every activation row quantized to int8 per group of 32, integer dot
 products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
 row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
 verification row equals a 1-token row, and a batched row its solo row).
@@ -69,18 +70,48 @@ def kernels():
     return torch.ops.quickdraft
 
 
-def four_bit_matmul(
-    x: torch.Tensor, nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
-) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, N] in x's dtype; nibbles [N, K // 2] uint8 (byte j of a group: weight j low,
-    weight j + 16 high), scales and offsets [N, K // 32] float32."""
-    return kernels().four_bit_matmul(x.contiguous(), nibbles, scales, offsets)
+def four_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_four_bit`'s tiles of the weight."""
+    return kernels().four_bit_matmul(x.contiguous(), packed, outputs)
 
 
-def eight_bit_matmul(x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, N] in x's dtype, weight = values [N, K] int8 (in -127..127) times one float32
-    scale per 32 of a row, scales [N, K // 32]; the same arithmetic and row contract as `four_bit_matmul`."""
-    return kernels().eight_bit_matmul(x.contiguous(), values, scales)
+def eight_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_eight_bit`'s tiles of the weight. The same
+    arithmetic and row contract as `four_bit_matmul`."""
+    return kernels().eight_bit_matmul(x.contiguous(), packed, outputs)
+
+
+def pack_four_bit(nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A matrix of 4-bit groups as `four_bit_matmul` reads it: nibbles [N, K // 2] uint8 (byte j of a group:
+    weight j low, weight j + 16 high), scales and offsets [N, K // 32] -> uint8 [ceil(N / 4), K // 32, 96]: for
+    each tile of 4 rows (zero rows past N) and each group, the 4 rows' 16 bytes of nibbles, then their 4 float32
+    scales, then their 4 float32 offsets. One sequential stream per tile."""
+    nibble_tiles = _tiles(nibbles.view(nibbles.shape[0], -1, 16))  # [T, G, 4, 16]
+    tiles, groups = nibble_tiles.shape[:2]
+    parts = (nibble_tiles, _tiles(scales.float()[..., None]), _tiles(offsets.float()[..., None]))
+    return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
+
+
+def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """A matrix of int8 groups as `eight_bit_matmul` reads it: values [N, K] int8 in -127..127, scales [N, K // 32]
+    -> uint8 [ceil(N / 4), K // 32, 144]: per tile of 4 rows and group, the 4 rows' 32 values, then their 4 float32
+    scales."""
+    value_tiles = _tiles(values.view(values.shape[0], -1, 32))  # [T, G, 4, 32]
+    tiles, groups = value_tiles.shape[:2]
+    parts = (value_tiles, _tiles(scales.float()[..., None]))
+    return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
+
+
+def _tiles(per_group: torch.Tensor) -> torch.Tensor:
+    """[N, G, width] -> [ceil(N / 4), G, 4, width]: rows in tiles of 4 (zeros past N), group-major within a tile."""
+    rows, groups, width = per_group.shape
+    padded = torch.nn.functional.pad(per_group, (0, 0, 0, 0, 0, -rows % 4))
+    return padded.view(-1, 4, groups, width).permute(0, 2, 1, 3)
+
+
+def _bytes(part: torch.Tensor, tiles: int, groups: int) -> torch.Tensor:
+    """[T, G, 4, width] of any dtype -> its bytes [T, G, 4 * width * itemsize]."""
+    return part.contiguous().view(torch.uint8).reshape(tiles, groups, -1)
 
 
 def attend(

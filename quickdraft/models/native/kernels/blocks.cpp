@@ -28,9 +28,8 @@
 
 namespace quickdraft {
 
-constexpr int64_t kGroup = 32;       // weights (and activations) per scale
-constexpr int64_t kGroupBytes = 16;  // packed nibbles per group: byte j holds weight j (low) and j + 16 (high)
-constexpr int64_t kColumnTile = 4;   // output columns computed together, sharing each activation group's loads
+constexpr int64_t kGroup = 32;  // weights (and activations) per scale
+constexpr int64_t kTile = 4;    // output columns packed and computed together, sharing each activation group's loads
 
 // One matrix's activations quantized per group of 32: x ~= q * scale; sum = scale * sum(q).
 struct QuantizedRows {
@@ -75,45 +74,37 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
   });
 }
 
-// The weights of a product, by kind. Each `columns<C>` computes C consecutive output columns of one activation
-// row: out[c] = sum over groups of the weights' and activations' scales times the group's integer dot product
-// (plus, for four-bit groups, the weights' offset times the activations' group sum), groups in order.
-struct FourBitWeights {
-  const uint8_t* nibbles;  // [N, K / 2], 16 bytes a group: byte j holds weight j (low) and j + 16 (high)
-  const float* scales;     // [N, K / 32]
-  const float* offsets;    // [N, K / 32]
-  int64_t groups;          // K / 32
-  template <int C, int R>
-  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const;
+// The weights of a product, packed by tiles of kTile output columns (`kernels.pack_four_bit`, `pack_eight_bit`):
+// tile t holds columns 4t..4t+3 (zeros past the last column), group after group, each group's bytes together, so
+// a thread reads its tiles as one sequential stream.
+//   four-bit group: 4 x 16 bytes of nibbles (byte j: weight j low, weight j + 16 high), 4 float32 scales, 4 offsets
+//   eight-bit group: 4 x 32 int8 values, 4 float32 scales
+// Each `tile<R>` computes the tile's 4 columns of R consecutive activation rows: out[r][c] = sum over groups of the
+// weights' and activations' scales times the group's integer dot product (plus, for four-bit groups, the offsets
+// times the activations' group sums), groups in order, every row with the same instructions.
+struct FourBitTiles {
+  static constexpr int64_t kBytes = 96;  // a group of a tile
+  const uint8_t* packed;                 // [tiles, groups, 96]
+  int64_t groups;                        // K / 32
+  template <int R>
+  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
 };
 
-struct EightBitWeights {
-  const int8_t* values;  // [N, K]
-  const float* scales;   // [N, K / 32]
+struct EightBitTiles {
+  static constexpr int64_t kBytes = 144;
+  const uint8_t* packed;  // [tiles, groups, 144]
   int64_t groups;
-  template <int C, int R>
-  void columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const;
+  template <int R>
+  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
 };
 
 #ifdef QUICKDRAFT_AVX2
 
-inline __m256i unpack_nibbles(const uint8_t* packed) {  // 16 bytes -> 32 bytes 0..15, in weight order
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-inline __m256 unsigned_group_products(__m256i weights, __m256i activations) {  // 8 lanes of partial dot products
-  const __m256i pairs = _mm256_maddubs_epi16(weights, activations);  // unsigned 0..15 x signed: no saturation
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+inline __m256i halves_of(const int8_t* p) {  // 16 bytes, in both 128-bit lanes
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-
-inline __m256 signed_group_products(__m256i weights, __m256i activations) {  // both signed, |values| <= 127
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(activations, weights));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
-inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the last two
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -121,160 +112,160 @@ inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
-// sum over g of a[g] * b[g], 8 groups a lane then the rest in order: the same order for every row and column.
-inline float group_dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t g = 0;
-  for (; g + 8 <= n; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + g), _mm256_loadu_ps(b + g), acc);
-  float total = lanes_sum(acc);
-  for (; g < n; ++g) total += a[g] * b[g];
-  return total;
+inline float quarter_sum(__m128 v) {  // the 4 lanes of a column, in a fixed order
+  const __m128 pairs = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
-template <int C, int R>
-void FourBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const {
-  const int8_t* q = x.q.data() + row * groups * kGroup;
-  const float* x_scale = x.scale.data() + row * groups;
-  const int64_t next = groups * kGroup;  // the next row's activations (R = 2)
-  __m256 acc[R][C];
+template <int R>
+void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+  const uint8_t* p = packed + t * groups * kBytes;
+  const int64_t width = groups * kGroup;
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i first_two = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), last_two = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  __m256 acc01[R], acc23[R];  // lanes 0-3: column 0 (2), lanes 4-7: column 1 (3)
+  __m128 offset_acc[R];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    acc01[r] = acc23[r] = _mm256_setzero_ps();
+    offset_acc[r] = _mm_setzero_ps();
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256i activations[R];
-    __m256 activation_scale[R];
+  for (int64_t g = 0; g < groups; ++g, p += kBytes) {
+    const __m256i packed01 = load32(p), packed23 = load32(p + 32);  // columns 0|1 and 2|3, 16 bytes each
+    const __m256i low01 = _mm256_and_si256(packed01, low_nibbles);  // weights 0..15 of columns 0|1
+    const __m256i high01 = _mm256_and_si256(_mm256_srli_epi16(packed01, 4), low_nibbles);  // weights 16..31
+    const __m256i low23 = _mm256_and_si256(packed23, low_nibbles);
+    const __m256i high23 = _mm256_and_si256(_mm256_srli_epi16(packed23, 4), low_nibbles);
+    const __m128 weight_scales = _mm_loadu_ps(reinterpret_cast<const float*>(p + 64));
+    const __m128 weight_offsets = _mm_loadu_ps(reinterpret_cast<const float*>(p + 80));
     for (int r = 0; r < R; ++r) {
-      activations[r] = load32(q + r * next + g * kGroup);
-      activation_scale[r] = _mm256_set1_ps(x_scale[r * groups + g]);
-    }
-    for (int c = 0; c < C; ++c) {
-      const int64_t at = (first + c) * groups + g;
-      const __m256i weights = unpack_nibbles(nibbles + at * kGroupBytes);
-      const __m256 weight_scale = _mm256_set1_ps(scales[at]);
-      for (int r = 0; r < R; ++r) {
-        const __m256 products = unsigned_group_products(weights, activations[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(weight_scale, activation_scale[r]), products, acc[r][c]);
-      }
+      const int8_t* q = x.q.data() + (row + r) * width + g * kGroup;
+      const __m256i first_half = halves_of(q), second_half = halves_of(q + 16);
+      // unsigned 0..15 x signed: no saturation; two sums of pairs add up to at most 4 * 15 * 128 in an int16
+      const __m256i sums01 = _mm256_add_epi16(_mm256_maddubs_epi16(low01, first_half),
+                                              _mm256_maddubs_epi16(high01, second_half));
+      const __m256i sums23 = _mm256_add_epi16(_mm256_maddubs_epi16(low23, first_half),
+                                              _mm256_maddubs_epi16(high23, second_half));
+      const __m256 dots01 = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums01, ones));
+      const __m256 dots23 = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums23, ones));
+      const int64_t at = (row + r) * groups + g;
+      const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(weight_scales, _mm_set1_ps(x.scale[at])));
+      acc01[r] = _mm256_fmadd_ps(dots01, _mm256_permutevar8x32_ps(scales, first_two), acc01[r]);
+      acc23[r] = _mm256_fmadd_ps(dots23, _mm256_permutevar8x32_ps(scales, last_two), acc23[r]);
+      offset_acc[r] = _mm_fmadd_ps(weight_offsets, _mm_set1_ps(x.sum[at]), offset_acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {  // plus the offsets times the activations' group sums
-    for (int c = 0; c < C; ++c) {
-      const float offset_total = group_dot(offsets + (first + c) * groups, x.sum.data() + (row + r) * groups, groups);
-      out[r * stride + c] = lanes_sum(acc[r][c]) + offset_total;
-    }
+  for (int r = 0; r < R; ++r) {
+    float offsets[kTile];
+    _mm_storeu_ps(offsets, offset_acc[r]);
+    out[r][0] = quarter_sum(_mm256_castps256_ps128(acc01[r])) + offsets[0];
+    out[r][1] = quarter_sum(_mm256_extractf128_ps(acc01[r], 1)) + offsets[1];
+    out[r][2] = quarter_sum(_mm256_castps256_ps128(acc23[r])) + offsets[2];
+    out[r][3] = quarter_sum(_mm256_extractf128_ps(acc23[r], 1)) + offsets[3];
   }
 }
 
-template <int C, int R>
-void EightBitWeights::columns(const QuantizedRows& x, int64_t row, int64_t first, float* out, int64_t stride) const {
-  const int8_t* q = x.q.data() + row * groups * kGroup;
-  const float* x_scale = x.scale.data() + row * groups;
-  const int64_t next = groups * kGroup;
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256i activations[R];
-    __m256 activation_scale[R];
+inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 lanes; both signed, |values| <= 127
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(activations, weights));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+template <int R>
+void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+  const uint8_t* p = packed + t * groups * kBytes;
+  const int64_t width = groups * kGroup;
+  __m256 acc[R];  // lanes c and c + 4: column c
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, p += kBytes) {
+    const __m256i w0 = load32(p), w1 = load32(p + 32), w2 = load32(p + 64), w3 = load32(p + 96);
+    const __m128 weight_scales = _mm_loadu_ps(reinterpret_cast<const float*>(p + 128));
     for (int r = 0; r < R; ++r) {
-      activations[r] = load32(q + r * next + g * kGroup);
-      activation_scale[r] = _mm256_set1_ps(x_scale[r * groups + g]);
-    }
-    for (int c = 0; c < C; ++c) {
-      const int64_t at = (first + c) * groups + g;
-      const __m256i weights = load32(values + at * kGroup);
-      const __m256 weight_scale = _mm256_set1_ps(scales[at]);
-      for (int r = 0; r < R; ++r) {
-        const __m256 products = signed_group_products(weights, activations[r]);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(weight_scale, activation_scale[r]), products, acc[r][c]);
-      }
+      const int64_t at = (row + r) * groups + g;
+      const __m256i q = load32(x.q.data() + (row + r) * width + g * kGroup);
+      // [c0 c1 c2 c3 | c0 c1 c2 c3]: each column's dot product in two halves, summed as integers (exact)
+      const __m256i dots = _mm256_hadd_epi32(_mm256_hadd_epi32(signed_dot(w0, q), signed_dot(w1, q)),
+                                             _mm256_hadd_epi32(signed_dot(w2, q), signed_dot(w3, q)));
+      const __m128 scales = _mm_mul_ps(weight_scales, _mm_set1_ps(x.scale[at]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set_m128(scales, scales), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) out[r * stride + c] = lanes_sum(acc[r][c]);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc[r]);
+    for (int c = 0; c < kTile; ++c) out[r][c] = lanes[c] + lanes[c + 4];
   }
 }
 
 #else  // portable fallback: the same sums, in one lane
 
-template <int C, int R>
-void FourBitWeights::columns(const QuantizedRows& x, int64_t row_first, int64_t first, float* out_first,
-                             int64_t stride) const {
+template <int R>
+void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   for (int r = 0; r < R; ++r) {
-  const int64_t row = row_first + r;
-  float* out = out_first + r * stride;
-  const int8_t* q = x.q.data() + row * groups * kGroup;
-  for (int c = 0; c < C; ++c) {
-    float total = 0.0f, offset_total = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t at = (first + c) * groups + g;
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kGroupBytes; ++j) {
-        dot += static_cast<int32_t>(nibbles[at * kGroupBytes + j] & 0x0F) * q[g * kGroup + j];
-        dot += static_cast<int32_t>(nibbles[at * kGroupBytes + j] >> 4) * q[g * kGroup + j + kGroupBytes];
+    const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
+    for (int c = 0; c < kTile; ++c) {
+      float total = 0.0f, offset_total = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = packed + (t * groups + g) * kBytes;
+        const uint8_t* nibbles = p + c * 16;
+        float scale, offset;
+        std::memcpy(&scale, p + 64 + 4 * c, 4);
+        std::memcpy(&offset, p + 80 + 4 * c, 4);
+        int32_t dot = 0;
+        for (int64_t j = 0; j < 16; ++j) {
+          dot += static_cast<int32_t>(nibbles[j] & 0x0F) * q[g * kGroup + j];
+          dot += static_cast<int32_t>(nibbles[j] >> 4) * q[g * kGroup + j + 16];
+        }
+        total += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
+        offset_total += offset * x.sum[(row + r) * groups + g];
       }
-      total += scales[at] * x.scale[row * groups + g] * static_cast<float>(dot);
-      offset_total += offsets[at] * x.sum[row * groups + g];
+      out[r][c] = total + offset_total;
     }
-    out[c] = total + offset_total;
-  }
   }
 }
 
-template <int C, int R>
-void EightBitWeights::columns(const QuantizedRows& x, int64_t row_first, int64_t first, float* out_first,
-                              int64_t stride) const {
+template <int R>
+void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   for (int r = 0; r < R; ++r) {
-  const int64_t row = row_first + r;
-  float* out = out_first + r * stride;
-  const int8_t* q = x.q.data() + row * groups * kGroup;
-  for (int c = 0; c < C; ++c) {
-    float total = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t at = (first + c) * groups + g;
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kGroup; ++j) dot += static_cast<int32_t>(values[at * kGroup + j]) * q[g * kGroup + j];
-      total += scales[at] * x.scale[row * groups + g] * static_cast<float>(dot);
+    const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
+    for (int c = 0; c < kTile; ++c) {
+      float total = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* p = packed + (t * groups + g) * kBytes;
+        const int8_t* values = reinterpret_cast<const int8_t*>(p + c * kGroup);
+        float scale;
+        std::memcpy(&scale, p + 128 + 4 * c, 4);
+        int32_t dot = 0;
+        for (int64_t j = 0; j < kGroup; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
+        total += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
+      }
+      out[r][c] = total;
     }
-    out[c] = total;
-  }
   }
 }
 
 #endif
 
-// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles of kColumnTile columns split among threads, every row of a
-// tile computed with the tile's weights hot in cache.
-template <typename T, typename Weights>
-at::Tensor block_product(const at::Tensor& x, const Weights& weights, int64_t outputs) {
+// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles split among threads, every row of a tile computed with the
+// tile's weights hot in cache, two rows at a time.
+template <typename T, typename Tiles>
+at::Tensor block_product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
   const int64_t rows = x.size(0), width = x.size(1);
   QuantizedRows quantized;
   quantize_rows(x.data_ptr<T>(), rows, width, quantized);
   auto result = at::empty({rows, outputs}, x.options());
   T* out = result.data_ptr<T>();
-  const int64_t tiles = (outputs + kColumnTile - 1) / kColumnTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t first = tile * kColumnTile, count = std::min(kColumnTile, outputs - first);
-      float values[2 * kColumnTile];  // [2 rows][kColumnTile]
+  at::parallel_for(0, (outputs + kTile - 1) / kTile, 1, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t t = tile_begin; t < tile_end; ++t) {
+      const int64_t first = t * kTile, count = std::min(kTile, outputs - first);
+      float values[2][kTile];
       for (int64_t row = 0; row < rows; row += 2) {
         const int64_t pair = std::min<int64_t>(2, rows - row);
-        if (count == kColumnTile && pair == 2) {
-          weights.template columns<kColumnTile, 2>(quantized, row, first, values, kColumnTile);
-        } else if (count == kColumnTile) {
-          weights.template columns<kColumnTile, 1>(quantized, row, first, values, kColumnTile);
+        if (pair == 2) {
+          tiles.template tile<2>(quantized, row, t, values);
         } else {
-          for (int64_t r = 0; r < pair; ++r) {
-            for (int64_t c = 0; c < count; ++c) {
-              weights.template columns<1, 1>(quantized, row + r, first + c, values + r * kColumnTile + c, 1);
-            }
-          }
+          tiles.template tile<1>(quantized, row, t, values);
         }
         for (int64_t r = 0; r < pair; ++r) {
-          for (int64_t c = 0; c < count; ++c) {
-            out[(row + r) * outputs + first + c] = static_cast<T>(values[r * kColumnTile + c]);
-          }
+          for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
         }
       }
     }
@@ -288,40 +279,33 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
-void check_scales(const at::Tensor& t, const at::Tensor& x, int64_t outputs) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "scales and offsets must be contiguous float32");
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == outputs && t.size(1) == x.size(1) / kGroup,
-              "scales and offsets must be [N, K / 32]");
+void check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t group_bytes) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
+              "packed weights must be a contiguous uint8 [tiles, groups, bytes] tensor (kernels.pack_*)");
+  TORCH_CHECK(packed.size(0) == (outputs + kTile - 1) / kTile && packed.size(1) * kGroup == x.size(1) &&
+              packed.size(2) == group_bytes, "packed weights must be [ceil(N / 4), K / 32, ", group_bytes, "]");
 }
 
-template <typename Weights>
-at::Tensor product(const at::Tensor& x, const Weights& weights, int64_t outputs) {
-  if (x.scalar_type() == at::kBFloat16) return block_product<c10::BFloat16>(x, weights, outputs);
-  return block_product<float>(x, weights, outputs);
+template <typename Tiles>
+at::Tensor product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
+  if (x.scalar_type() == at::kBFloat16) return block_product<c10::BFloat16>(x, tiles, outputs);
+  return block_product<float>(x, tiles, outputs);
 }
 
-// x [M, K] float32 or bfloat16; nibbles [N, K / 2] uint8; scales, offsets [N, K / 32] float32:
+// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 96] (`kernels.pack_four_bit`):
 // weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
-at::Tensor four_bit_matmul(at::Tensor x, at::Tensor nibbles, at::Tensor scales, at::Tensor offsets) {
+at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
-  TORCH_CHECK(nibbles.scalar_type() == at::kByte && nibbles.is_contiguous(), "nibbles must be contiguous uint8");
-  TORCH_CHECK(nibbles.dim() == 2 && nibbles.size(1) * 2 == x.size(1), "nibbles must be [N, K / 2]");
-  check_scales(scales, x, nibbles.size(0));
-  check_scales(offsets, x, nibbles.size(0));
-  const FourBitWeights weights{nibbles.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(),
-                               x.size(1) / kGroup};
-  return product(x, weights, nibbles.size(0));
+  check_tiles(packed, x, outputs, FourBitTiles::kBytes);
+  return product(x, FourBitTiles{packed.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
 }
 
-// x [M, K] float32 or bfloat16; values [N, K] int8 in -127..127; scales [N, K / 32] float32:
-// weight = value * scale. Returns x @ weight.T [M, N] in x's dtype.
-at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor values, at::Tensor scales) {
+// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 144] (`kernels.pack_eight_bit`): weight = value * scale,
+// values in -127..127. Returns x @ weight.T [M, N] in x's dtype.
+at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
-  TORCH_CHECK(values.scalar_type() == at::kChar && values.is_contiguous(), "values must be contiguous int8");
-  TORCH_CHECK(values.dim() == 2 && values.size(1) == x.size(1), "values must be [N, K]");
-  check_scales(scales, x, values.size(0));
-  const EightBitWeights weights{values.data_ptr<int8_t>(), scales.data_ptr<float>(), x.size(1) / kGroup};
-  return product(x, weights, values.size(0));
+  check_tiles(packed, x, outputs, EightBitTiles::kBytes);
+  return product(x, EightBitTiles{packed.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
 }
 
 // ---- attention of single queries over a cache, each (query, key head) on its own ----
@@ -642,8 +626,8 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> weight, double eps) 
 }  // namespace quickdraft
 
 TORCH_LIBRARY(quickdraft, m) {
-  m.def("four_bit_matmul(Tensor x, Tensor nibbles, Tensor scales, Tensor offsets) -> Tensor");
-  m.def("eight_bit_matmul(Tensor x, Tensor values, Tensor scales) -> Tensor");
+  m.def("four_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
+  m.def("eight_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");

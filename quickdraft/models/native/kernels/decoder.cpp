@@ -23,10 +23,10 @@ enum class Form : int64_t { kDense = 0, kInt8Rows = 1, kFourBit = 2, kEightBitGr
 
 struct Matrix {
   Form form;
-  at::Tensor weight;   // [out, in] dense; int8 [out, in]; nibbles [out, in / 2]; int8 [out, in]
-  at::Tensor scales;   // int8 rows: [out]; blocks: [out, in / 32] float32; undefined when dense
-  at::Tensor offsets;  // four-bit blocks: [out, in / 32] float32
-  at::Tensor bias;     // [out] or undefined
+  at::Tensor weight;  // dense [out, in]; int8 rows [out, in]; blocks: kernels.pack_four_bit's or pack_eight_bit's tiles
+  int64_t outputs;    // out
+  at::Tensor scales;  // int8 rows: [out]; else undefined
+  at::Tensor bias;    // [out] or undefined
 
   // weights.Linear.__call__: x [n, in] -> [n, out].
   at::Tensor product(const at::Tensor& x) const {
@@ -38,10 +38,10 @@ struct Matrix {
         y = at::_weight_int8pack_mm(x, weight, scales);
         break;
       case Form::kFourBit:
-        y = four_bit_matmul(x.contiguous(), weight, scales, offsets);
+        y = four_bit_matmul(x.contiguous(), weight, outputs);
         break;
       case Form::kEightBitGroups:
-        y = eight_bit_matmul(x.contiguous(), weight, scales);
+        y = eight_bit_matmul(x.contiguous(), weight, outputs);
         break;
     }
     return bias.defined() ? at::add(y, bias) : y;
@@ -85,12 +85,12 @@ class Decoder : public torch::CustomClassHolder {
   }
 
   // The last added layer's next matrix, in the order qkv, o, gate_up, down.
-  void add_matrix(int64_t form, at::Tensor weight, std::optional<at::Tensor> scales,
-                  std::optional<at::Tensor> offsets, std::optional<at::Tensor> bias) {
+  void add_matrix(int64_t form, at::Tensor weight, int64_t outputs, std::optional<at::Tensor> scales,
+                  std::optional<at::Tensor> bias) {
     TORCH_CHECK(!layers_.empty() && layers_.back().matrices.size() < 4, "add a layer before its four matrices");
     TORCH_CHECK(0 <= form && form <= 3, "unknown matrix form ", form);
-    layers_.back().matrices.push_back(Matrix{static_cast<Form>(form), weight, defined_or_empty(scales),
-                                             defined_or_empty(offsets), defined_or_empty(bias)});
+    layers_.back().matrices.push_back(
+        Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales), defined_or_empty(bias)});
   }
 
   // x [N, d]: the stacked rows of S sequences, counts[s] rows each, at cache positions starts[s]..; keys and values

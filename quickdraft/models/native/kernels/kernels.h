@@ -8,10 +8,10 @@
 
 namespace quickdraft {
 
-// x [M, K] @ weight.T -> [M, N] in x's dtype; weight = nibble * scale + offset per group of 32.
-at::Tensor four_bit_matmul(at::Tensor x, at::Tensor nibbles, at::Tensor scales, at::Tensor offsets);
-// x [M, K] @ weight.T -> [M, N] in x's dtype; weight = value * scale per group of 32.
-at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor values, at::Tensor scales);
+// x [M, K] @ weight.T -> [M, N] in x's dtype; weight = nibble * scale + offset per group of 32, packed in tiles.
+at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs);
+// x [M, K] @ weight.T -> [M, N] in x's dtype; weight = value * scale per group of 32, packed in tiles.
+at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs);
 // Each query row [R, H, hd] alone over positions begin[r]..end[r]-1 of sequence sequence[r]'s keys and values.
 at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                   at::Tensor sequence, at::Tensor begin, at::Tensor end, double scale);
