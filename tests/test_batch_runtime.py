@@ -82,7 +82,7 @@ def test_the_cpp_decoder_gives_the_bits_of_the_python_layers(tmp_path, monkeypat
     must match bit for bit."""
     _save_random_model(VARIANTS[variant](), tmp_path)
     batched, alone = native_runner_for(tmp_path, dtype), native_runner_for(tmp_path, dtype)
-    assert batched._decoder is not None
+    assert batched.decoder is not None
     python_layers(alone, monkeypatch)
     assert batch_differences(batched, alone, sequences=3, rounds=30, seed=7) == []
 

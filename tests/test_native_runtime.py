@@ -351,7 +351,7 @@ def python_layers(runner, monkeypatch) -> None:
     """Run every forward of `runner` through the Python layers, whose attention call a test swaps: on the CPU a
     forward whose every row verifies otherwise runs in the C++ decoder, which computes the same bits
     (`test_batch_runtime.test_the_cpp_decoder_gives_the_bits_of_the_python_layers`)."""
-    monkeypatch.setattr(runner, "_decoder", None)
+    monkeypatch.setattr(runner, "decoder", None)
 
 
 def tail_sensitive_attend(queries, keys, values, sequence, begin, end, scale):

@@ -20,7 +20,7 @@ import torch
 from quickdraft.errors import InternalError
 from quickdraft.models.base import PREFILL_BLOCK, ModelInfo, SequenceOutput, SequenceStep
 from quickdraft.models.native.kernels import attend as attend_rows
-from quickdraft.models.native.kernels import decoder, rms_norm
+from quickdraft.models.native.kernels import new_decoder, rms_norm
 from quickdraft.models.native.kernels import rope as rope_rows
 from quickdraft.models.native.kv_cache import KVCache
 from quickdraft.models.native.layers import (
@@ -96,7 +96,9 @@ class NativeRunner:
             None if spec.embedding_scale is None else torch.tensor(spec.embedding_scale, dtype=dtype, device=device)
         )
         self._windows = tuple(dict.fromkeys(spec.layer_windows))  # each sliding-window size once (None: full)
-        self._decoder = self._native_decoder() if device.type == "cpu" else None
+        # the C++ decoder, which runs every forward whose rows all verify (same bits as the Python layers); None: every
+        # forward through the Python layers (other devices; tests and scripts/decode_profile.py set it so)
+        self.decoder = self._native_decoder() if device.type == "cpu" else None
 
     @property
     def cache_length(self) -> int:
@@ -176,7 +178,7 @@ class NativeRunner:
         verifying = self._verifications(sequences)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
-        if verifying.rows is None and self._decoder is not None:
+        if verifying.rows is None and self.decoder is not None:
             x, entering = self._decode(x, sequences, rope, verifying, wanted)
         else:
             for i, layer in enumerate(self._weights.layers):
@@ -201,7 +203,7 @@ class NativeRunner:
         caches = verifying.caches  # every sequence's, in order
         layers = sorted(wanted & set(range(self.spec.num_layers)))
         _, end = next(iter(verifying.spans.values()))  # the same in every window
-        out = self._decoder.run(
+        out = self.decoder.run(
             x,
             [keys for cache in caches for keys in cache.keys],
             [values for cache in caches for values in cache.values],
@@ -217,10 +219,10 @@ class NativeRunner:
         return out[0], dict(zip(layers, out[1:]))
 
     def _native_decoder(self):
-        """The C++ decoder (`kernels.decoder`) holding every layer's weights; its window and rope slots index
+        """The C++ decoder (`kernels.new_decoder`) holding every layer's weights; its window and rope slots index
         `self._windows` and `spec.rope`, in their order."""
         spec = self.spec
-        native = decoder(
+        native = new_decoder(
             spec.num_heads,
             spec.num_kv_heads,
             spec.head_dim,

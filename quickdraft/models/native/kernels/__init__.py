@@ -10,7 +10,7 @@ products per group, scaled and summed in float32 in group order. The contract th
 row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
 verification row equals a 1-token row, and a batched row its solo row).
 
-`decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
+`new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
 one call (runner.py fills it with the model's weights and says what it computes).
 
 Built with the machine's C++ compiler through `torch.utils.cpp_extension` (about a minute the first time; cached
@@ -164,7 +164,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return kernels().silu_mul(gate_up.contiguous())
 
 
-def decoder(heads: int, kv_heads: int, head_dim: int, eps: float, attention_scale: float, gelu: bool):
+def new_decoder(heads: int, kv_heads: int, head_dim: int, eps: float, attention_scale: float, gelu: bool):
     """An empty `torch.classes.quickdraft.Decoder` (`decoder.cpp`) for a model of these shapes; CPU only."""
     kernels()
     return torch.classes.quickdraft.Decoder(heads, kv_heads, head_dim, eps, attention_scale, gelu)
