@@ -25,16 +25,19 @@ from quickdraft.models.native.kernels import (
 )
 
 GROUP = 32
-KINDS = ("four_bit", "eight_bit")
+KINDS = ("four_bit", "eight_bit", "four_bit_half_scales", "eight_bit_half_scales")
 
 
 def random_matrix(kind: str, outputs: int, width: int, seed: int):
     """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
     "four_bit" (nibbles in the file's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
-    -127..127, a scale per 32)."""
+    -127..127, a scale per 32); "_half_scales": every scale (and offset) a float16 value, which the packing then
+    stores as float16."""
     generator = torch.Generator().manual_seed(seed)
     scales = torch.rand(outputs, width // GROUP, generator=generator) * 0.02
-    if kind == "eight_bit":
+    if kind.endswith("_half_scales"):
+        scales = scales.half().float()
+    if kind.startswith("eight_bit"):
         values = torch.randint(-127, 128, (outputs, width), generator=generator, dtype=torch.int8)
         weight = values.double().view(outputs, -1, GROUP) * scales.double()[..., None]
         packed = pack_eight_bit(values, scales)
@@ -43,6 +46,8 @@ def random_matrix(kind: str, outputs: int, width: int, seed: int):
     groups = q.view(outputs, width // GROUP, GROUP)
     nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(outputs, width // 2).contiguous()
     offsets = -8 * scales + torch.randn(outputs, width // GROUP, generator=generator) * 0.002
+    if kind.endswith("_half_scales"):
+        offsets = offsets.half().float()
     weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
     packed = pack_four_bit(nibbles, scales, offsets)
     return partial(four_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
@@ -99,37 +104,43 @@ def test_block_products_refuse_shapes_they_cannot_compute():
     packed = product.keywords["packed"]
     with pytest.raises(RuntimeError, match="multiple of 32"):
         four_bit_matmul(torch.randn(2, 48), packed, 8)
-    with pytest.raises(RuntimeError, match=r"packed weights must be \[ceil\(N / 4\), K / 32, 96\]"):
+    shape = r"packed weights must be \[ceil\(N / 4\), K / 32, 80 or 96\]"
+    with pytest.raises(RuntimeError, match=shape):
         four_bit_matmul(torch.randn(2, 96), packed, 8)
-    with pytest.raises(RuntimeError, match=r"packed weights must be \[ceil\(N / 4\), K / 32, 96\]"):
+    with pytest.raises(RuntimeError, match=shape):
         four_bit_matmul(torch.randn(2, 64), packed, 9)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         four_bit_matmul(torch.randn(2, 64).half(), packed, 8)
     with pytest.raises(RuntimeError, match="contiguous uint8"):
         eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
-    with pytest.raises(RuntimeError, match=r"K / 32, 144\]"):
+    with pytest.raises(RuntimeError, match=r"K / 32, 136 or 144\]"):
         eight_bit_matmul(torch.randn(2, 64), packed, 8)
 
 
-def test_packed_tiles_hold_each_rows_groups_in_order():
-    """`pack_four_bit` puts row 4t + c's group g at tile t, group g, slot c: nibbles, then scales, then offsets;
-    rows past N are zeros."""
+@pytest.mark.parametrize("half", [True, False])
+def test_packed_tiles_hold_each_rows_groups_in_order(half):
+    """`pack_four_bit` puts row 4t + c's group g at tile t, group g, slot c: nibbles, then scales, then offsets,
+    as float16 when every one is a float16 value, else float32; rows past N are zeros."""
     nibbles = torch.arange(6 * 32, dtype=torch.int32).remainder(256).to(torch.uint8).view(6, 32)  # K = 64
-    scales = torch.arange(12, dtype=torch.float32).view(6, 2)
+    scales = torch.arange(12, dtype=torch.float32).view(6, 2) + (0.0 if half else 1e-4)
     offsets = -scales
     packed = pack_four_bit(nibbles, scales, offsets)
-    assert packed.shape == (2, 2, 96)
+    dtype = torch.float16 if half else torch.float32
+    width = 4 * dtype.itemsize  # bytes of a tile's 4 scales
+    assert packed.shape == (2, 2, 64 + 2 * width)
     for row in range(8):
         tile, slot = divmod(row, 4)
         for group in range(2):
             block = packed[tile, group]
             got_nibbles = block[16 * slot : 16 * slot + 16]
-            got_scale, got_offset = (block[64 + 16 * i :][4 * slot : 4 * slot + 4].view(torch.float32) for i in (0, 1))
+            got_scale, got_offset = (
+                block[64 + i * width : 64 + (i + 1) * width].view(dtype)[slot].float() for i in (0, 1)
+            )
             if row < 6:
                 assert torch.equal(got_nibbles, nibbles[row, 16 * group : 16 * group + 16])
-                assert got_scale.item() == scales[row, group] and got_offset.item() == offsets[row, group]
+                assert got_scale == scales[row, group] and got_offset == offsets[row, group]
             else:
-                assert not got_nibbles.any() and got_scale.item() == 0 and got_offset.item() == 0
+                assert not got_nibbles.any() and got_scale == 0 and got_offset == 0
 
 
 def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:

@@ -30,6 +30,7 @@ namespace quickdraft {
 
 constexpr int64_t kGroup = 32;  // weights (and activations) per scale
 constexpr int64_t kTile = 4;    // output columns packed and computed together, sharing each activation group's loads
+constexpr int64_t kPrefetch = 2048;  // bytes ahead of the group being read that a product asks the cache for
 
 // One matrix's activations quantized per group of 32: x ~= q * scale; sum = scale * sum(q).
 struct QuantizedRows {
@@ -76,27 +77,44 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 
 // The weights of a product, packed by tiles of kTile output columns (`kernels.pack_four_bit`, `pack_eight_bit`):
 // tile t holds columns 4t..4t+3 (zeros past the last column), group after group, each group's bytes together, so
-// a thread reads its tiles as one sequential stream.
-//   four-bit group: 4 x 16 bytes of nibbles (byte j: weight j low, weight j + 16 high), 4 float32 scales, 4 offsets
-//   eight-bit group: 4 x 32 int8 values, 4 float32 scales
+// a thread reads its tiles as one sequential stream. Scales (and offsets) are float16 where every one of the
+// matrix's is a float16 exactly (Q4_0, Q4_1, Q8_0, Q5_0 store them so), else float32 (Q4_K's products of factors).
+//   four-bit group: 4 x 16 bytes of nibbles (byte j: weight j low, weight j + 16 high), 4 scales, 4 offsets
+//   eight-bit group: 4 x 32 int8 values, 4 scales
 // Each `tile<R>` computes the tile's 4 columns of R consecutive activation rows: out[r][c] = sum over groups of the
 // weights' and activations' scales times the group's integer dot product (plus, for four-bit groups, the offsets
 // times the activations' group sums), groups in order, every row with the same instructions.
+template <typename Scale>  // float or c10::Half
 struct FourBitTiles {
-  static constexpr int64_t kBytes = 96;  // a group of a tile
-  const uint8_t* packed;                 // [tiles, groups, 96]
-  int64_t groups;                        // K / 32
+  static constexpr int64_t kScales = 64, kOffsets = kScales + kTile * sizeof(Scale);  // byte offsets in a group
+  static constexpr int64_t kBytes = kOffsets + kTile * sizeof(Scale);                // a group of a tile: 80 or 96
+  const uint8_t* packed;                                                               // [tiles, groups, kBytes]
+  int64_t groups;                                                                      // K / 32
   template <int R>
   void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
 };
 
+template <typename Scale>
 struct EightBitTiles {
-  static constexpr int64_t kBytes = 144;
-  const uint8_t* packed;  // [tiles, groups, 144]
+  static constexpr int64_t kScales = kTile * kGroup;
+  static constexpr int64_t kBytes = kScales + kTile * sizeof(Scale);  // 136 or 144
+  const uint8_t* packed;                                              // [tiles, groups, kBytes]
   int64_t groups;
   template <int R>
   void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
 };
+
+float scale_at(const uint8_t* p, float) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+float scale_at(const uint8_t* p, c10::Half) {
+  c10::Half v;
+  std::memcpy(&v, p, sizeof v);
+  return static_cast<float>(v);
+}
 
 #ifdef QUICKDRAFT_AVX2
 
@@ -112,13 +130,19 @@ inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
+inline __m128 four_scales(const uint8_t* p, float) { return _mm_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m128 four_scales(const uint8_t* p, c10::Half) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
 inline float quarter_sum(__m128 v) {  // the 4 lanes of a column, in a fixed order
   const __m128 pairs = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
+template <typename Scale>
 template <int R>
-void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void FourBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -130,13 +154,14 @@ void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*
     offset_acc[r] = _mm_setzero_ps();
   }
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
     const __m256i packed01 = load32(p), packed23 = load32(p + 32);  // columns 0|1 and 2|3, 16 bytes each
     const __m256i low01 = _mm256_and_si256(packed01, low_nibbles);  // weights 0..15 of columns 0|1
     const __m256i high01 = _mm256_and_si256(_mm256_srli_epi16(packed01, 4), low_nibbles);  // weights 16..31
     const __m256i low23 = _mm256_and_si256(packed23, low_nibbles);
     const __m256i high23 = _mm256_and_si256(_mm256_srli_epi16(packed23, 4), low_nibbles);
-    const __m128 weight_scales = _mm_loadu_ps(reinterpret_cast<const float*>(p + 64));
-    const __m128 weight_offsets = _mm_loadu_ps(reinterpret_cast<const float*>(p + 80));
+    const __m128 weight_scales = four_scales(p + kScales, Scale());
+    const __m128 weight_offsets = four_scales(p + kOffsets, Scale());
     for (int r = 0; r < R; ++r) {
       const int8_t* q = x.q.data() + (row + r) * width + g * kGroup;
       const __m256i first_half = halves_of(q), second_half = halves_of(q + 16);
@@ -169,15 +194,18 @@ inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 la
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
+template <typename Scale>
 template <int R>
-void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
   __m256 acc[R];  // lanes c and c + 4: column c
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
     const __m256i w0 = load32(p), w1 = load32(p + 32), w2 = load32(p + 64), w3 = load32(p + 96);
-    const __m128 weight_scales = _mm_loadu_ps(reinterpret_cast<const float*>(p + 128));
+    const __m128 weight_scales = four_scales(p + kScales, Scale());
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
       const __m256i q = load32(x.q.data() + (row + r) * width + g * kGroup);
@@ -197,8 +225,9 @@ void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (
 
 #else  // portable fallback: the same sums, in one lane
 
+template <typename Scale>
 template <int R>
-void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void FourBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
     for (int c = 0; c < kTile; ++c) {
@@ -206,9 +235,8 @@ void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* p = packed + (t * groups + g) * kBytes;
         const uint8_t* nibbles = p + c * 16;
-        float scale, offset;
-        std::memcpy(&scale, p + 64 + 4 * c, 4);
-        std::memcpy(&offset, p + 80 + 4 * c, 4);
+        const float scale = scale_at(p + kScales + sizeof(Scale) * c, Scale());
+        const float offset = scale_at(p + kOffsets + sizeof(Scale) * c, Scale());
         int32_t dot = 0;
         for (int64_t j = 0; j < 16; ++j) {
           dot += static_cast<int32_t>(nibbles[j] & 0x0F) * q[g * kGroup + j];
@@ -222,8 +250,9 @@ void FourBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*
   }
 }
 
+template <typename Scale>
 template <int R>
-void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
     for (int c = 0; c < kTile; ++c) {
@@ -231,8 +260,7 @@ void EightBitTiles::tile(const QuantizedRows& x, int64_t row, int64_t t, float (
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* p = packed + (t * groups + g) * kBytes;
         const int8_t* values = reinterpret_cast<const int8_t*>(p + c * kGroup);
-        float scale;
-        std::memcpy(&scale, p + 128 + 4 * c, 4);
+        const float scale = scale_at(p + kScales + sizeof(Scale) * c, Scale());
         int32_t dot = 0;
         for (int64_t j = 0; j < kGroup; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
         total += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
@@ -279,11 +307,15 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
-void check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t group_bytes) {
+// Whether `packed` holds float16 scales (a group of `half_bytes`) or float32 ones (`float_bytes`).
+bool check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t half_bytes,
+                 int64_t float_bytes) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
               "packed weights must be a contiguous uint8 [tiles, groups, bytes] tensor (kernels.pack_*)");
   TORCH_CHECK(packed.size(0) == (outputs + kTile - 1) / kTile && packed.size(1) * kGroup == x.size(1) &&
-              packed.size(2) == group_bytes, "packed weights must be [ceil(N / 4), K / 32, ", group_bytes, "]");
+              (packed.size(2) == half_bytes || packed.size(2) == float_bytes),
+              "packed weights must be [ceil(N / 4), K / 32, ", half_bytes, " or ", float_bytes, "]");
+  return packed.size(2) == half_bytes;
 }
 
 template <typename Tiles>
@@ -292,20 +324,26 @@ at::Tensor product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
   return block_product<float>(x, tiles, outputs);
 }
 
-// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 96] (`kernels.pack_four_bit`):
+// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 80 or 96] (`kernels.pack_four_bit`):
 // weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
 at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
-  check_tiles(packed, x, outputs, FourBitTiles::kBytes);
-  return product(x, FourBitTiles{packed.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
+  const int64_t groups = x.size(1) / kGroup;
+  if (check_tiles(packed, x, outputs, FourBitTiles<c10::Half>::kBytes, FourBitTiles<float>::kBytes)) {
+    return product(x, FourBitTiles<c10::Half>{packed.data_ptr<uint8_t>(), groups}, outputs);
+  }
+  return product(x, FourBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
-// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 144] (`kernels.pack_eight_bit`): weight = value * scale,
+// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 136 or 144] (`kernels.pack_eight_bit`): weight = value * scale,
 // values in -127..127. Returns x @ weight.T [M, N] in x's dtype.
 at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
-  check_tiles(packed, x, outputs, EightBitTiles::kBytes);
-  return product(x, EightBitTiles{packed.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
+  const int64_t groups = x.size(1) / kGroup;
+  if (check_tiles(packed, x, outputs, EightBitTiles<c10::Half>::kBytes, EightBitTiles<float>::kBytes)) {
+    return product(x, EightBitTiles<c10::Half>{packed.data_ptr<uint8_t>(), groups}, outputs);
+  }
+  return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
 // ---- attention of single queries over a cache, each (query, key head) on its own ----
