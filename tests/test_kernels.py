@@ -141,6 +141,10 @@ def test_packed_tiles_hold_each_rows_groups_in_order(half):
                 assert got_scale == scales[row, group] and got_offset == offsets[row, group]
             else:
                 assert not got_nibbles.any() and got_scale == 0 and got_offset == 0
+    assert pack_four_bit(nibbles, scales, offsets, torch.float32).shape == (2, 2, 96)  # float32 always can
+    if not half:
+        with pytest.raises(ValueError, match="cannot be carried exactly"):
+            pack_four_bit(nibbles, scales, offsets, torch.float16)
 
 
 def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:

@@ -81,34 +81,38 @@ def eight_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> tor
     return kernels().eight_bit_matmul(x.contiguous(), packed, outputs)
 
 
-def pack_four_bit(nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def pack_four_bit(
+    nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, carrier: torch.dtype | None = None
+) -> torch.Tensor:
     """A matrix of 4-bit groups as `four_bit_matmul` reads it: nibbles [N, K // 2] uint8 (byte j of a group:
     weight j low, weight j + 16 high), scales and offsets [N, K // 32] -> uint8 [ceil(N / 4), K // 32, 80 or 96]:
     for each tile of 4 rows (zero rows past N) and each group, the 4 rows' 16 bytes of nibbles, then their 4
-    scales, then their 4 offsets, as float16 where all of them are float16 values exactly, else as float32. One
-    sequential stream per tile."""
+    scales, then their 4 offsets, as float16 where all of them are float16 values exactly, else as float32 (or as
+    `carrier` says: float32 always can). One sequential stream per tile."""
     nibble_tiles = _tiles(nibbles.view(nibbles.shape[0], -1, 16))  # [T, G, 4, 16]
     tiles, groups = nibble_tiles.shape[:2]
-    carrier = _scale_dtype(scales, offsets)
+    carrier = _scale_dtype(carrier, scales, offsets)
     parts = (nibble_tiles, _tiles(scales.to(carrier)[..., None]), _tiles(offsets.to(carrier)[..., None]))
     return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
 
 
-def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dtype | None = None) -> torch.Tensor:
     """A matrix of int8 groups as `eight_bit_matmul` reads it: values [N, K] int8 in -127..127, scales [N, K // 32]
     -> uint8 [ceil(N / 4), K // 32, 136 or 144]: per tile of 4 rows and group, the 4 rows' 32 values, then their 4
-    scales (float16 where all are float16 values exactly, else float32)."""
+    scales (float16 where all are float16 values exactly, else float32; or as `carrier` says)."""
     value_tiles = _tiles(values.view(values.shape[0], -1, 32))  # [T, G, 4, 32]
     tiles, groups = value_tiles.shape[:2]
-    parts = (value_tiles, _tiles(scales.to(_scale_dtype(scales))[..., None]))
+    parts = (value_tiles, _tiles(scales.to(_scale_dtype(carrier, scales))[..., None]))
     return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
 
 
-def _scale_dtype(*factors: torch.Tensor) -> torch.dtype:
+def _scale_dtype(carrier: torch.dtype | None, *factors: torch.Tensor) -> torch.dtype:
     """float16 when every factor is a float16 value exactly (a GGUF's fp16 scales are), else float32: the kernels
-    read fewer bytes, never other values."""
+    read fewer bytes, never other values. A `carrier` asked for must hold them exactly too."""
     exact = all(torch.equal(f.float().half().float(), f.float()) for f in factors)
-    return torch.float16 if exact else torch.float32
+    if carrier not in (None, torch.float16, torch.float32) or (carrier == torch.float16 and not exact):
+        raise ValueError(f"scales cannot be carried exactly as {carrier}")
+    return carrier or (torch.float16 if exact else torch.float32)
 
 
 def _tiles(per_group: torch.Tensor) -> torch.Tensor:
