@@ -2,7 +2,7 @@
 first use.
 
 `four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
-(weight = nibble * scale + offset, one float32 scale and offset per 32 weights of a row), and
+(weight = nibble * scale + offset, one scale and offset per 32 weights of a row), and
 `eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale), the weights packed once in tiles of
 4 rows (`pack_four_bit`, `pack_eight_bit`) so that each thread reads one sequential stream, computed as llama.cpp
 computes its block products: every activation row quantized to int8 per group of 32, integer dot
