@@ -31,8 +31,10 @@ def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray
     weights, per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows * width // weights, per_block), dtype=np.uint8)
-    halves = 2 if kind in ("Q4_0", "Q8_0", "Q5_0") else 4  # d, or d and m / dmin
-    raw[:, :halves] = rng.normal(0, 0.05, size=(raw.shape[0], halves // 2)).astype(np.float16).view(np.uint8)
+    halves = 2 if kind in ("Q4_0", "Q8_0", "Q5_0", "Q6_K") else 4  # d, or d and m / dmin
+    at = per_block - 2 if kind == "Q6_K" else 0  # Q6_K keeps its d last
+    fields = rng.normal(0, 0.05, size=(raw.shape[0], halves // 2)).astype(np.float16).view(np.uint8)
+    raw[:, at : at + halves] = fields
     return raw.reshape(rows, -1)
 
 

@@ -25,21 +25,22 @@ from quickdraft.models.native.kernels import (
 )
 
 GROUP = 32
-KINDS = ("four_bit", "eight_bit", "four_bit_half_scales", "eight_bit_half_scales")
+KINDS = ("four_bit", "eight_bit", "four_bit_half_scales", "eight_bit_half_scales", "eight_bit_per_16")
 
 
 def random_matrix(kind: str, outputs: int, width: int, seed: int):
     """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
     "four_bit" (nibbles in the file's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
     -127..127, a scale per 32); "_half_scales": every scale (and offset) a float16 value, which the packing then
-    stores as float16."""
+    stores as float16; "eight_bit_per_16": a scale per 16 weights (Q6_K's)."""
     generator = torch.Generator().manual_seed(seed)
-    scales = torch.rand(outputs, width // GROUP, generator=generator) * 0.02
+    group = 16 if kind.endswith("_per_16") else GROUP
+    scales = torch.rand(outputs, width // group, generator=generator) * 0.02
     if kind.endswith("_half_scales"):
         scales = scales.half().float()
     if kind.startswith("eight_bit"):
         values = torch.randint(-127, 128, (outputs, width), generator=generator, dtype=torch.int8)
-        weight = values.double().view(outputs, -1, GROUP) * scales.double()[..., None]
+        weight = values.double().view(outputs, -1, group) * scales.double()[..., None]
         packed = pack_eight_bit(values, scales)
         return partial(eight_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
     q = torch.randint(0, 16, (outputs, width), generator=generator, dtype=torch.uint8)
@@ -113,7 +114,7 @@ def test_block_products_refuse_shapes_they_cannot_compute():
         four_bit_matmul(torch.randn(2, 64).half(), packed, 8)
     with pytest.raises(RuntimeError, match="contiguous uint8"):
         eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
-    with pytest.raises(RuntimeError, match=r"K / 32, 136 or 144\]"):
+    with pytest.raises(RuntimeError, match=r"K / 32, 136, 144 or 160\]"):
         eight_bit_matmul(torch.randn(2, 64), packed, 8)
 
 
@@ -145,6 +146,28 @@ def test_packed_tiles_hold_each_rows_groups_in_order(half):
     if not half:
         with pytest.raises(ValueError, match="cannot be carried exactly"):
             pack_four_bit(nibbles, scales, offsets, torch.float16)
+
+
+def test_eight_bit_tiles_with_a_scale_per_16_weights_hold_both_halves_scales():
+    """`pack_eight_bit` with scales [N, K / 16] puts row 4t + c's group g at tile t, group g: values at slot c,
+    then float32 scales of weights 0-15 at slot c, then those of weights 16-31 at slot 4 + c; rows past N zero."""
+    values = torch.arange(6 * 64, dtype=torch.int32).remainder(255).sub(127).to(torch.int8).view(6, 64)  # K = 64
+    scales = torch.arange(24, dtype=torch.float32).view(6, 4) / 3  # not float16 values: float32 either way
+    packed = pack_eight_bit(values, scales)
+    assert packed.shape == (2, 2, 128 + 8 * 4)
+    for row in range(8):
+        tile, slot = divmod(row, 4)
+        for group in range(2):
+            block = packed[tile, group]
+            got_values = block[32 * slot : 32 * slot + 32].view(torch.int8)
+            got_scales = block[128:].view(torch.float32)[[slot, 4 + slot]]
+            if row < 6:
+                assert torch.equal(got_values, values[row, 32 * group : 32 * group + 32])
+                assert torch.equal(got_scales, scales[row, 2 * group : 2 * group + 2])
+            else:
+                assert not got_values.any() and not got_scales.any()
+    with pytest.raises(ValueError, match="carried as float32"):
+        pack_eight_bit(values, scales.half().float(), torch.float16)
 
 
 def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:

@@ -5,13 +5,15 @@ Q4_0, Q4_1 and Q4_K store each row in groups of 32 weights, every group one scal
 super-block's fp16 factors times the group's 6-bit ones). `FourBitBlocks` holds exactly that, in float32, and
 its `dequantize` equals the `gguf` package's own de-quantization value for value (a zero may differ in sign).
 
-Q8_0 and Q5_0 store groups of 32 signed integers with one scale: w = q * scale (Q5_0: q = a 5-bit value - 16).
-`EightBitBlocks` holds them as int8 with a float32 scale per group, exactly.
+Q8_0 and Q5_0 store groups of 32 signed integers with one scale: w = q * scale (Q5_0: q = a 5-bit value - 16);
+Q6_K groups of 16 with one scale: w = (q - 32) * d * sc, q a 6-bit value, sc a signed 8-bit factor of the
+super-block's fp16 d (their product is exact in float32). `EightBitBlocks` holds them as int8 with a float32 scale
+per group of 32 (or 16), exactly.
 
 quickdraft's own kernels (`kernels.four_bit_matmul`, `kernels.eight_bit_matmul`) read these blocks rearranged in
 tiles of 4 rows (`kernels.pack_four_bit`, `pack_eight_bit`), values unchanged: the weights they compute with are the
 file's, exactly; like llama.cpp, they quantize the activations to int8 per
-group of 32. Other formats (Q6_K's 16-weight groups, Q5_K, ...) have no such kernel here; their matrices keep the
+group of 32. Other formats (Q5_K, Q2_K, Q3_K, IQ*, ...) have no such kernel here; their matrices keep the
 int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).
 """
 
@@ -26,7 +28,7 @@ from quickdraft.errors import ModelError
 
 GROUP = 32  # weights per scale and offset in every 4-bit format read here
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-EIGHT_BIT_TYPES = ("Q8_0", "Q5_0")
+EIGHT_BIT_TYPES = ("Q8_0", "Q5_0", "Q6_K")
 
 
 @dataclass(frozen=True)
@@ -63,24 +65,36 @@ class FourBitBlocks:
 
 @dataclass(frozen=True)
 class EightBitBlocks:
-    """A matrix [out, in] of int8 groups: w = value * scale, one scale per 32 weights of a row."""
+    """A matrix [out, in] of int8 groups: w = value * scale, one scale per 32 (or per 16) weights of a row."""
 
     values: torch.Tensor  # [out, in] int8
-    scales: torch.Tensor  # [out, in // 32] float32
+    scales: torch.Tensor  # [out, in // group] float32
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.values.shape)
 
+    @property
+    def group(self) -> int:
+        """Weights per scale: 32, or 16 (Q6_K)."""
+        return self.values.shape[1] // self.scales.shape[1]
+
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32, as the GGUF's own de-quantization computes it."""
-        return self.values.float() * self.scales.repeat_interleave(GROUP, dim=1)
+        return self.values.float() * self.scales.repeat_interleave(self.group, dim=1)
 
     def rows(self, order: torch.Tensor) -> "EightBitBlocks":
         return EightBitBlocks(self.values[order], self.scales[order])
 
+    def halves(self) -> "EightBitBlocks":
+        """The same weights with a scale per 16 (each scale of a 32-weight group twice)."""
+        return self if self.group == 16 else EightBitBlocks(self.values, self.scales.repeat_interleave(2, dim=1))
+
     @staticmethod
     def stack(parts: "list[EightBitBlocks]") -> "EightBitBlocks":
+        """One above the other; a scale per 16 weights for all when any part has one."""
+        if len({p.group for p in parts}) > 1:
+            parts = [p.halves() for p in parts]
         return EightBitBlocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("values", "scales")))
 
 
@@ -98,14 +112,22 @@ def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> Blocks:
     raw = np.array(data, copy=True).view(np.uint8)  # a writable copy: the reader maps the file read-only
     blocks = torch.from_numpy(raw).reshape(out * (width // weights), per_block)
     if kind in EIGHT_BIT_TYPES:
-        values, scales = {"Q8_0": _q8_0, "Q5_0": _q5_0}[kind](blocks)  # [blocks, 32] int8, [blocks, 1]
+        unpack_eight_bit = {"Q8_0": _q8_0, "Q5_0": _q5_0, "Q6_K": _q6_k}[kind]
+        values, scales = unpack_eight_bit(blocks)  # [blocks, weights] int8, [blocks, groups of 32 or 16]
         return EightBitBlocks(values.reshape(out, width), scales.reshape(out, -1))
     unpacked = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}[kind](blocks)
     nibbles, scales, mins = unpacked  # [blocks, weights // 2], [blocks, weights // 32] twice
     return FourBitBlocks(nibbles.reshape(out, width // 2), scales.reshape(out, -1), mins.reshape(out, -1))
 
 
-_BLOCK_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q8_0": (34, 32), "Q5_0": (22, 32)}
+_BLOCK_BYTES = {
+    "Q4_0": (18, 32),
+    "Q4_1": (20, 32),
+    "Q4_K": (144, 256),
+    "Q8_0": (34, 32),
+    "Q5_0": (22, 32),
+    "Q6_K": (210, 256),
+}
 # bytes, weights per block
 
 
@@ -134,6 +156,19 @@ def _q5_0(blocks: torch.Tensor):
     fifth = (high >> torch.arange(32)) & 1  # [blocks, 32]
     low = torch.cat((blocks[:, 6:] & 0x0F, blocks[:, 6:] >> 4), dim=1).to(torch.int64)  # [blocks, 32]
     return (low + (fifth << 4) - 16).to(torch.int8), _fp16(blocks[:, :2])
+
+
+def _q6_k(blocks: torch.Tensor):
+    """256 weights: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d: w = (q - 32) d sc.
+    Each half of 128 weights takes 64 low-nibble bytes (weights 0-31 and 32-63 low, 64-95 and 96-127 high) and
+    32 high-bit bytes (weights 0-31, 32-63, 64-95, 96-127 in bit pairs 0, 2, 4, 6)."""
+    low = blocks[:, :128].reshape(-1, 2, 1, 64)  # [blocks, half, 1, 64]
+    low = torch.cat((low & 0x0F, low >> 4), dim=2).reshape(-1, 2, 4, 32)  # [blocks, half, quarter, 32]
+    high = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    high = torch.cat([(high >> shift) & 3 for shift in (0, 2, 4, 6)], dim=2)  # [blocks, half, quarter, 32]
+    values = (low.to(torch.int16) | (high.to(torch.int16) << 4)) - 32  # [blocks, 2, 4, 32] in -32..31
+    sc = blocks[:, 192:208].contiguous().view(torch.int8).float()  # [blocks, 16]
+    return values.reshape(-1, 256).to(torch.int8), _fp16(blocks[:, 208:210]) * sc
 
 
 def _q4_k(blocks: torch.Tensor):

@@ -3,7 +3,8 @@ first use.
 
 `four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
 (weight = nibble * scale + offset, one scale and offset per 32 weights of a row), and
-`eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale), the weights packed once in tiles of
+`eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale, a scale per 32 weights or per 16),
+the weights packed once in tiles of
 4 rows (`pack_four_bit`, `pack_eight_bit`) so that each thread reads one sequential stream, computed as llama.cpp
 computes its block products: every activation row quantized to int8 per group of 32, integer dot
 products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
@@ -99,9 +100,16 @@ def pack_four_bit(
 def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dtype | None = None) -> torch.Tensor:
     """A matrix of int8 groups as `eight_bit_matmul` reads it: values [N, K] int8 in -127..127, scales [N, K // 32]
     -> uint8 [ceil(N / 4), K // 32, 136 or 144]: per tile of 4 rows and group, the 4 rows' 32 values, then their 4
-    scales (float16 where all are float16 values exactly, else float32; or as `carrier` says)."""
+    scales (float16 where all are float16 values exactly, else float32; or as `carrier` says). Scales [N, K // 16]
+    (a scale per 16 weights, Q6_K's) -> [ceil(N / 4), K // 32, 160]: the 4 rows' 32 values, then their 4 scales
+    of weights 0-15, then their 4 of weights 16-31, always float32."""
     value_tiles = _tiles(values.view(values.shape[0], -1, 32))  # [T, G, 4, 32]
     tiles, groups = value_tiles.shape[:2]
+    if scales.shape[1] == 2 * groups:
+        if carrier not in (None, torch.float32):
+            raise ValueError(f"scales per 16 weights are carried as float32, not {carrier}")
+        halves = _tiles(scales.float().view(scales.shape[0], groups, 2)).transpose(2, 3)  # [T, G, 2 halves, 4]
+        return torch.cat([_bytes(value_tiles, tiles, groups), _bytes(halves, tiles, groups)], dim=2).contiguous()
     parts = (value_tiles, _tiles(scales.to(_scale_dtype(carrier, scales))[..., None]))
     return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
 

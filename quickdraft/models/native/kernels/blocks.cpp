@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -81,6 +83,8 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 // matrix's is a float16 exactly (Q4_0, Q4_1, Q8_0, Q5_0 store them so), else float32 (Q4_K's products of factors).
 //   four-bit group: 4 x 16 bytes of nibbles (byte j: weight j low, weight j + 16 high), 4 scales, 4 offsets
 //   eight-bit group: 4 x 32 int8 values, 4 scales
+//   eight-bit group of two halves (Q6_K's 16-weight groups): 4 x 32 int8 values, then 8 float32 scales, the 4
+//   columns' scales of weights 0-15, then those of weights 16-31
 // Each `tile<R>` computes the tile's 4 columns of R consecutive activation rows: out[r][c] = sum over groups of the
 // weights' and activations' scales times the group's integer dot product (plus, for four-bit groups, the offsets
 // times the activations' group sums), groups in order, every row with the same instructions.
@@ -94,10 +98,11 @@ struct FourBitTiles {
   void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
 };
 
-template <typename Scale>
+template <typename Scale, bool kHalves = false>  // kHalves: a scale per 16 weights (float32 only)
 struct EightBitTiles {
+  static_assert(!kHalves || sizeof(Scale) == 4, "half-group scales are float32");
   static constexpr int64_t kScales = kTile * kGroup;
-  static constexpr int64_t kBytes = kScales + kTile * sizeof(Scale);  // 136 or 144
+  static constexpr int64_t kBytes = kScales + (kHalves ? 2 : 1) * kTile * sizeof(Scale);  // 136, 144 or 160
   const uint8_t* packed;                                              // [tiles, groups, kBytes]
   int64_t groups;
   template <int R>
@@ -194,26 +199,33 @@ inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 la
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-template <typename Scale>
+template <typename Scale, bool kHalves>
+inline __m256 eight_scales(const uint8_t* p) {  // [c0 c1 c2 c3 | c0 c1 c2 c3]: weights 0-15 | weights 16-31
+  if constexpr (kHalves) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  const __m128 four = four_scales(p, Scale());
+  return _mm256_set_m128(four, four);
+}
+
+template <typename Scale, bool kHalves>
 template <int R>
-void EightBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
-  __m256 acc[R];  // lanes c and c + 4: column c
+  __m256 acc[R];  // lanes c and c + 4: column c, weights 0-15 and 16-31 of each group
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
     const __m256i w0 = load32(p), w1 = load32(p + 32), w2 = load32(p + 64), w3 = load32(p + 96);
-    const __m128 weight_scales = four_scales(p + kScales, Scale());
+    const __m256 weight_scales = eight_scales<Scale, kHalves>(p + kScales);
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
       const __m256i q = load32(x.q.data() + (row + r) * width + g * kGroup);
-      // [c0 c1 c2 c3 | c0 c1 c2 c3]: each column's dot product in two halves, summed as integers (exact)
+      // [c0 c1 c2 c3 | c0 c1 c2 c3]: each column's dot product over weights 0-15 | over 16-31 (exact integers)
       const __m256i dots = _mm256_hadd_epi32(_mm256_hadd_epi32(signed_dot(w0, q), signed_dot(w1, q)),
                                              _mm256_hadd_epi32(signed_dot(w2, q), signed_dot(w3, q)));
-      const __m128 scales = _mm_mul_ps(weight_scales, _mm_set1_ps(x.scale[at]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set_m128(scales, scales), acc[r]);
+      const __m256 scales = _mm256_mul_ps(weight_scales, _mm256_set1_ps(x.scale[at]));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scales, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -250,22 +262,25 @@ void FourBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, f
   }
 }
 
-template <typename Scale>
+template <typename Scale, bool kHalves>
 template <int R>
-void EightBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
     for (int c = 0; c < kTile; ++c) {
-      float total = 0.0f;
+      float total[2] = {0.0f, 0.0f};  // weights 0-15 and 16-31 of each group
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* p = packed + (t * groups + g) * kBytes;
         const int8_t* values = reinterpret_cast<const int8_t*>(p + c * kGroup);
-        const float scale = scale_at(p + kScales + sizeof(Scale) * c, Scale());
-        int32_t dot = 0;
-        for (int64_t j = 0; j < kGroup; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
-        total += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t slot = kHalves ? half * kTile + c : c;
+          const float scale = scale_at(p + kScales + sizeof(Scale) * slot, Scale());
+          int32_t dot = 0;
+          for (int64_t j = 16 * half; j < 16 * half + 16; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
+          total[half] += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
+        }
       }
-      out[r][c] = total;
+      out[r][c] = total[0] + total[1];
     }
   }
 }
@@ -307,15 +322,19 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
-// Whether `packed` holds float16 scales (a group of `half_bytes`) or float32 ones (`float_bytes`).
-bool check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t half_bytes,
-                 int64_t float_bytes) {
+// Checks `packed` against x and N and returns its bytes per group-tile, one of `sizes` (which say the scales' form).
+int64_t check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, std::initializer_list<int64_t> sizes) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
               "packed weights must be a contiguous uint8 [tiles, groups, bytes] tensor (kernels.pack_*)");
-  TORCH_CHECK(packed.size(0) == (outputs + kTile - 1) / kTile && packed.size(1) * kGroup == x.size(1) &&
-              (packed.size(2) == half_bytes || packed.size(2) == float_bytes),
-              "packed weights must be [ceil(N / 4), K / 32, ", half_bytes, " or ", float_bytes, "]");
-  return packed.size(2) == half_bytes;
+  std::string names;
+  bool known = false;
+  for (const int64_t size : sizes) {
+    known = known || packed.size(2) == size;
+    names += (names.empty() ? "" : size == *(sizes.end() - 1) ? " or " : ", ") + std::to_string(size);
+  }
+  TORCH_CHECK(packed.size(0) == (outputs + kTile - 1) / kTile && packed.size(1) * kGroup == x.size(1) && known,
+              "packed weights must be [ceil(N / 4), K / 32, ", names, "]");
+  return packed.size(2);
 }
 
 template <typename Tiles>
@@ -329,20 +348,24 @@ at::Tensor product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
 at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
   const int64_t groups = x.size(1) / kGroup;
-  if (check_tiles(packed, x, outputs, FourBitTiles<c10::Half>::kBytes, FourBitTiles<float>::kBytes)) {
-    return product(x, FourBitTiles<c10::Half>{packed.data_ptr<uint8_t>(), groups}, outputs);
+  using Half = FourBitTiles<c10::Half>;
+  if (check_tiles(packed, x, outputs, {Half::kBytes, FourBitTiles<float>::kBytes}) == Half::kBytes) {
+    return product(x, Half{packed.data_ptr<uint8_t>(), groups}, outputs);
   }
   return product(x, FourBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
-// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 136 or 144] (`kernels.pack_eight_bit`): weight = value * scale,
-// values in -127..127. Returns x @ weight.T [M, N] in x's dtype.
+// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 136, 144 or 160] (`kernels.pack_eight_bit`):
+// weight = value * scale, values in -127..127, a scale per 32 weights (float16 or float32) or per 16 (float32).
+// Returns x @ weight.T [M, N] in x's dtype.
 at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
   const int64_t groups = x.size(1) / kGroup;
-  if (check_tiles(packed, x, outputs, EightBitTiles<c10::Half>::kBytes, EightBitTiles<float>::kBytes)) {
-    return product(x, EightBitTiles<c10::Half>{packed.data_ptr<uint8_t>(), groups}, outputs);
-  }
+  using Half = EightBitTiles<c10::Half>;
+  using Halves = EightBitTiles<float, true>;
+  const int64_t bytes = check_tiles(packed, x, outputs, {Half::kBytes, EightBitTiles<float>::kBytes, Halves::kBytes});
+  if (bytes == Half::kBytes) return product(x, Half{packed.data_ptr<uint8_t>(), groups}, outputs);
+  if (bytes == Halves::kBytes) return product(x, Halves{packed.data_ptr<uint8_t>(), groups}, outputs);
   return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
