@@ -17,7 +17,14 @@ from transformers import AutoConfig
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import native_runner_for
-from quickdraft.models.native.gguf_blocks import EIGHT_BIT_TYPES, FOUR_BIT_TYPES, GROUP, unpack
+from quickdraft.models.native.gguf_blocks import (
+    EIGHT_BIT_TYPES,
+    FOUR_BIT_TYPES,
+    GROUP,
+    Blocks,
+    EightBitBlocks,
+    unpack,
+)
 from quickdraft.models.native.weights import Linear
 from tests.test_batch_runtime import batch_differences
 from tests.test_native_runtime import VARIANTS, _save_random_model
@@ -38,6 +45,16 @@ def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray
     return raw.reshape(rows, -1)
 
 
+def kernel_blocks(kind: str, rows: int, width: int, seed: int) -> Blocks:
+    """Random `kind` blocks unpacked, as llama.cpp's quantizers write them: Q8_0 values in -127..127 (the loader
+    keeps -128 off the kernel)."""
+    raw = random_blocks(kind, rows, width, seed)
+    if kind == "Q8_0":
+        values = raw.reshape(-1, 34)[:, 2:]
+        values[values == 0x80] = 0x81
+    return unpack(raw, kind, (rows, width))
+
+
 @pytest.mark.parametrize("kind", FOUR_BIT_TYPES + EIGHT_BIT_TYPES)
 def test_each_block_format_unpacks_to_the_gguf_packages_own_dequantization(kind):
     rows, width = 24, 512
@@ -49,11 +66,7 @@ def test_each_block_format_unpacks_to_the_gguf_packages_own_dequantization(kind)
 @pytest.mark.parametrize("kind", FOUR_BIT_TYPES + EIGHT_BIT_TYPES)
 def test_the_block_forms_compute_with_the_files_exact_weights(kind):
     rows, width = 64, 256
-    raw = random_blocks(kind, rows, width, seed=1)
-    if kind == "Q8_0":  # llama.cpp's quantizers write values in -127..127 (the loader keeps -128 off the kernel)
-        values = raw.reshape(-1, 34)[:, 2:]
-        values[values == 0x80] = 0x81
-    blocks = unpack(raw, kind, (rows, width))
+    blocks = kernel_blocks(kind, rows, width, seed=1)
     linear = Linear(blocks.dequantize().bfloat16(), None, int8=False, blocks=blocks)
     assert linear.form == ("int4" if kind in FOUR_BIT_TYPES else "int8/32")
     assert torch.equal(linear.dense(), blocks.dequantize())
@@ -62,6 +75,21 @@ def test_the_block_forms_compute_with_the_files_exact_weights(kind):
     steps = x.float().view(5, -1, GROUP).abs().amax(-1).repeat_interleave(GROUP, dim=1) / 127  # int8 activations
     bound = (steps / 2) @ blocks.dequantize().abs().T + 2**-8 * exact.abs()  # plus the bfloat16 output
     assert ((linear(x).float() - exact).abs() <= bound * 1.01 + 1e-6).all()
+
+
+def test_a_fused_matrix_of_32_and_16_weight_groups_computes_each_part_as_alone():
+    """Q6_K's scales per 16 weights fused with Q8_0's per 32 (llama.cpp's mixes put Q6_K next to Q8_0 or Q5_0):
+    every part keeps its exact weights, and its columns are the bits its own matrix gives."""
+    parts = [kernel_blocks("Q8_0", 8, 256, seed=2), kernel_blocks("Q6_K", 12, 256, seed=3)]
+    fused = EightBitBlocks.stack(parts)
+    assert fused.group == 16 and parts[0].group == 32
+    assert torch.equal(fused.dequantize(), torch.cat([part.dequantize() for part in parts]))
+
+    def linear(blocks: EightBitBlocks) -> Linear:
+        return Linear(blocks.dequantize().bfloat16(), None, int8=False, blocks=blocks)
+
+    x = torch.randn(3, 256).bfloat16()
+    assert torch.equal(linear(fused)(x), torch.cat([linear(part)(x) for part in parts], dim=1))
 
 
 def write_gguf(model_dir, arch: str, path, kinds=("Q4_0", "Q4_1")) -> dict[str, str]:
