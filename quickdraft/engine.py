@@ -10,8 +10,8 @@
 
 One step serves every running request (`step`). Waiting requests are admitted while KV cache slots
 are free (at most `max_batch` run). Each running request either reads the next chunk of its prompt
-(prefills share a budget of `step_tokens` per step, so a new arrival gets its first token within a
-bounded time while running streams keep flowing) or decodes: its controller chooses a drafter and k
+(prefills share a budget of `step_tokens` per step, shortest remaining prompt first, so a new arrival
+gets its first token within a bounded time while running streams keep flowing) or decodes: its controller chooses a drafter and k
 (fixed, or per step under k="auto", priced against the rest of the batch, see `controller.py`), the
 drafter proposes, and the pending token plus the draft join the batch. One target forward runs over
 all of it; each request then verifies its own rows, keeps a prefix of its draft plus one target
@@ -316,11 +316,14 @@ class Engine:
         return RunningRequest(request_id, output, params, drafters, controller, self._clock, submitted, runner.device)
 
     def _parts(self) -> tuple[list[tuple[RunningRequest, SequenceStep]], list[tuple[RunningRequest, DecodePlan]]]:
-        """This step's prompt chunks, FIFO within `step_tokens`, and each decoding request's plan, priced
+        """This step's prompt chunks within `step_tokens`, shortest remaining prompt first (with aging, see
+        `RunningRequest.prefill_rank`; ties in admission order), and each decoding request's plan, priced
         against the rest of the batch."""
         budget, prefills = self.step_tokens, []
-        for request in self._running:
-            if request.prefilling and budget > 0:
+        prefilling = sorted((r for r in self._running if r.prefilling), key=lambda r: r.prefill_rank(budget))
+        for request in prefilling:
+            request.prefill_steps += 1
+            if budget > 0:
                 part = request.prefill_part(budget)
                 budget -= len(part.token_ids)
                 prefills.append((request, part))

@@ -58,6 +58,7 @@ class RunningRequest:
         self.events: deque[Event] = deque()
         self.slot: int | None = None
         self.prefilled = 0  # prompt tokens in the target's cache
+        self.prefill_steps = 0  # engine steps run while this request's prompt was not all in the cache
         self._clock = clock
         self._submitted = submitted
         for drafter in drafters.values():
@@ -70,6 +71,13 @@ class RunningRequest:
     @property
     def done(self) -> bool:
         return self.output.finish_reason is not None
+
+    def prefill_rank(self, step_tokens: int) -> int:
+        """This request's place in a step's prefill order, lowest first: its prompt tokens not yet in the cache,
+        less `step_tokens` for every step it has been prefilling. Short prompts go first (their first token
+        does not wait for a long prompt's whole prefill), and a long one waits a bounded number of steps
+        behind later, shorter ones."""
+        return len(self.output.prompt_ids) - self.prefilled - step_tokens * self.prefill_steps
 
     def prefill_part(self, budget: int) -> SequenceStep:
         """The next chunk of the prompt: about `budget` tokens, ending at a PREFILL_BLOCK boundary unless it

@@ -161,6 +161,20 @@ MUTANTS = [
         "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[0];",
         ("tests/test_batch_runtime.py", "-k", "equal_each_sequence_alone"),
     ),
+    Mutant(
+        "prefill-shortest-first-without-aging",
+        "quickdraft/running.py",
+        "return len(self.output.prompt_ids) - self.prefilled - step_tokens * self.prefill_steps",
+        "return len(self.output.prompt_ids) - self.prefilled",
+        ("tests/test_batch_engine.py", "-k", "hold_a_long_prompt_back"),
+    ),
+    Mutant(
+        "prefill-in-arrival-order",
+        "quickdraft/running.py",
+        "return len(self.output.prompt_ids) - self.prefilled - step_tokens * self.prefill_steps",
+        "return 0",
+        ("tests/test_batch_engine.py", "-k", "short_prompt_gets_its_first_token"),
+    ),
 ]
 
 

@@ -152,6 +152,43 @@ def test_events_stream_in_order_and_the_engine_refuses_stream_while_busy(tiny_di
         engine.generate(PROMPTS[1])
 
 
+def first_tokens_by_step(engine: Engine, arrivals: dict[int, list[list[int]]], steps: int) -> dict[int, int]:
+    """Run `steps` engine steps, submitting `arrivals[step]`'s prompts (token ids, one new token each) before
+    that step; {request id: the step that gave its first token}."""
+    finished = {}
+    for step in range(steps):
+        for prompt in arrivals.get(step, []):
+            engine.submit(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+        for request_id, event in engine.step():
+            assert not isinstance(event, Failed), event
+            if isinstance(event, Finished):
+                finished[request_id] = step
+    return finished
+
+
+def test_a_short_prompt_gets_its_first_token_before_a_long_prompt_ahead_of_it(tiny_dirs):
+    """Prefill runs shortest remaining prompt first: a 20-token prompt arriving while a 640-token one is being
+    prefilled (128 tokens a step) is answered at once, not after the long prompt's 5 steps."""
+    target = native_target(tiny_dirs, "llama-long", "float32")
+    engine = Engine(target, SpecConfig("none", k=0), max_batch=4, step_tokens=128)
+    long_prompt, short_prompt = [i % 300 + 5 for i in range(640)], list(range(7, 27))
+    first = first_tokens_by_step(engine, {0: [long_prompt], 1: [short_prompt]}, steps=6)
+    assert first == {1: 1, 0: 4}  # the short one's step; the long one's 640 tokens in 5 steps (steps 0-4)
+
+
+def test_a_stream_of_shorter_prompts_cannot_hold_a_long_prompt_back_until_it_ends(tiny_dirs):
+    """A new 128-token prompt in each of 10 steps would take the whole budget from a 640-token one under pure
+    shortest-first (its first token at step 14); a request's rank improves every step it waits, so the long one
+    gets its turn while the stream goes on."""
+    target = native_target(tiny_dirs, "llama-long", "float32")
+    engine = Engine(target, SpecConfig("none", k=0), max_batch=64, step_tokens=128)
+    long_prompt = [i % 300 + 5 for i in range(640)]
+    shorts = {step: [[(7 * step + i) % 300 + 5 for i in range(128)]] for step in range(10)}
+    first = first_tokens_by_step(engine, {**shorts, 0: [long_prompt, *shorts[0]]}, steps=20)
+    assert len(first) == 11 and first[0] <= 10, first
+    assert first[1] == 0  # the first short one before the long one
+
+
 def test_a_transformers_target_runs_one_request_at_a_time(tiny_models):
     engine = Engine(tiny_models["llama"], SpecConfig("ngram", k=3), max_batch=8)
     assert engine.max_batch == 1
