@@ -28,6 +28,44 @@ def test_ngram_proposals(context, k, expected):
     assert NgramDrafter(min_n=1, max_n=3).propose(context, k).token_ids == expected
 
 
+def reference_ngram_proposal(context: list[int], k: int, min_n: int, max_n: int) -> tuple[int, ...]:
+    """The rule written as a plain scan: for n from max_n down, the most recent earlier occurrence of the last n
+    tokens that has k successors, else the most recent one with any; the tokens after it."""
+    for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
+        hits = [s for s in range(len(context) - n) if context[s : s + n] == context[-n:]]
+        if hits:
+            full = [s for s in hits if s + n + k <= len(context)]
+            start = (full or hits)[-1]
+            return tuple(context[start + n : start + n + k])
+    return ()
+
+
+def test_ngram_proposals_on_a_growing_context_follow_the_rule_at_every_step():
+    """The drafter indexes its context as it grows (a request's committed tokens); every proposal, for every k,
+    equals the plain scan's, and a context that does not continue the last one (a new request) starts over."""
+    generator = torch.Generator().manual_seed(0)
+    drafter = NgramDrafter(min_n=1, max_n=4)
+    for alphabet in (3, 12):
+        drafter.begin([], SamplingParams(), generator)
+        context = []
+        for _ in range(120):
+            context.append(int(torch.randint(alphabet, (1,), generator=generator)))
+            for k in (1, 3, 8):
+                assert drafter.propose(context, k).token_ids == reference_ngram_proposal(context, k, 1, 4), context
+        shuffled = context[::-1]  # does not continue the indexed context
+        assert drafter.propose(shuffled, 5).token_ids == reference_ngram_proposal(shuffled, 5, 1, 4)
+
+
+def test_forks_drafting_interleaved_requests_each_get_their_own_proposals():
+    parent = NgramDrafter()
+    first, second = parent.fork(), parent.fork()
+    for fork in (first, second):
+        fork.begin([], SamplingParams(), torch.Generator())
+    assert first.propose([1, 2, 3, 1, 2], 2).token_ids == (3, 1)
+    assert second.propose([7, 8, 9, 7, 8], 2).token_ids == (9, 7)
+    assert first.propose([1, 2, 3, 1, 2, 3, 4, 1], 3).token_ids == (2, 3, 4)
+
+
 def test_ngram_proposals_have_no_distribution_and_respect_k_zero():
     drafter = NgramDrafter()
     assert drafter.propose([1, 2, 1], 2).probs is None

@@ -9,6 +9,7 @@ Its sizes are part of its name: `ngram` looks up suffixes of 1..4 tokens, `ngram
 `ngram:MIN-MAX` of MIN..MAX (so a request asking for other sizes gets a drafter of its own).
 """
 
+import bisect
 import re
 
 import torch
@@ -29,6 +30,7 @@ class NgramDrafter(Drafter):
         self.min_n = min_n
         self.max_n = max_n
         self.name = name
+        self._index = _NgramIndex(min_n, max_n)
 
     @classmethod
     def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "NgramDrafter":
@@ -37,27 +39,48 @@ class NgramDrafter(Drafter):
         return cls(min_n, max_n, name=f"ngram:{argument}" if argument else "ngram")
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:
-        pass
+        self._index = _NgramIndex(self.min_n, self.max_n)  # the request's own (a fork shares its parent's until now)
 
     def propose(self, context_ids: list[int], k: int) -> Draft:
         if k == 0:
             return Draft(token_ids=())
-        context = torch.tensor(context_ids, dtype=torch.long)  # [length]
+        self._index.extend(context_ids)
         for n in range(min(self.max_n, len(context_ids) - 1), self.min_n - 1, -1):
-            start = _latest_match(context, n, k)
+            start = self._index.latest_match(n, k)
             if start is not None:
                 return Draft(token_ids=tuple(context_ids[start + n : start + n + k]), source=f"{n}-gram")
         return Draft(token_ids=())
 
 
-def _latest_match(context: torch.Tensor, n: int, k: int) -> int | None:
-    """Start of the most recent earlier occurrence of the last n tokens, preferring k successors."""
-    windows = context[:-1].unfold(0, n, 1)  # [length - n, n]: every n-gram that has a successor
-    hits = (windows == context[-n:]).all(dim=1).nonzero().squeeze(1)  # [matches]
-    if hits.numel() == 0:
+class _NgramIndex:
+    """Where each n-gram (min_n <= n <= max_n) of a context starts, kept up to date as the context grows (a
+    request's context only grows: committed tokens), so a lookup costs a dictionary access, not a scan."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.sizes = range(min_n, max_n + 1)
+        self.tokens: list[int] = []  # the context indexed so far
+        self.starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its start positions, ascending
+
+    def extend(self, context_ids: list[int]) -> None:
+        """Index `context_ids`' new tokens (all of it when it does not continue the indexed context)."""
+        if context_ids[: len(self.tokens)] != self.tokens:
+            self.tokens, self.starts = [], {}
+        for end in range(len(self.tokens) + 1, len(context_ids) + 1):
+            for n in self.sizes:
+                if end >= n:
+                    self.starts.setdefault(tuple(context_ids[end - n : end]), []).append(end - n)
+        self.tokens.extend(context_ids[len(self.tokens) :])
+
+    def latest_match(self, n: int, k: int) -> int | None:
+        """Start of the most recent earlier occurrence of the last n tokens (one with a successor), preferring
+        one with k successors."""
+        length = len(self.tokens)
+        starts = self.starts.get(tuple(self.tokens[length - n :]), [])
+        for last_start in (length - n - k, length - n - 1):  # k successors, else at least one
+            i = bisect.bisect_right(starts, last_start)
+            if i > 0:
+                return starts[i - 1]
         return None
-    with_full_draft = hits[hits + n + k <= context.shape[0]]  # [matches']
-    return int(with_full_draft[-1]) if with_full_draft.numel() else int(hits[-1])
 
 
 def parse_sizes(argument: str) -> tuple[int, int]:
