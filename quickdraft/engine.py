@@ -11,9 +11,10 @@
 One step serves every running request (`step`). Waiting requests are admitted while KV cache slots
 are free (at most `max_batch` run). Each running request either reads the next chunk of its prompt
 (prefills share a budget of `step_tokens` per step, shortest remaining prompt first, so a new arrival
-gets its first token within a bounded time while running streams keep flowing) or decodes: its controller chooses a drafter and k
-(fixed, or per step under k="auto", priced against the rest of the batch, see `controller.py`), the
-drafter proposes, and the pending token plus the draft join the batch. One target forward runs over
+gets its first token within a bounded time while running streams keep flowing) or decodes: its
+controller chooses a drafter and k (fixed, or per step under k="auto", priced against the rest of
+the batch, see `controller.py`), the drafter proposes, and the pending token plus the draft join the
+batch. One target forward runs over
 all of it; each request then verifies its own rows, keeps a prefix of its draft plus one target
 token, and rolls its slot back to the committed length. A request's slot always holds every committed
 token except the newest one (the *pending* token), which is fed with the next draft.
