@@ -99,10 +99,11 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
         max_batch: int = 1,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
     ) -> "Engine":
         """`Engine.load` with the config given field by field."""
         config = EngineConfig(model=model, runtime=runtime, dtype=dtype, device=device, threads=threads)
-        return cls.load(config, drafter, k, k_max, max_batch)
+        return cls.load(config, drafter, k, k_max, max_batch, step_tokens)
 
     @classmethod
     def load(
@@ -112,6 +113,7 @@ class Engine:
         k: int | Literal["auto"] = "auto",
         k_max: int = 8,
         max_batch: int = 1,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
     ) -> "Engine":
         """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: `default_drafter` for
         the target), and calibrate costs for k="auto"."""
@@ -124,7 +126,7 @@ class Engine:
         if drafter is None:
             spec = replace(spec, drafter=default_drafter(target, k))
         options = DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device)
-        engine = cls(target, spec, options, max_batch=max_batch)
+        engine = cls(target, spec, options, max_batch=max_batch, step_tokens=step_tokens)
         for name in spec.drafters:
             engine.drafter(name)
         if spec.adaptive:

@@ -3,7 +3,7 @@
 # same GGUF when given its binaries, each measured by `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
-# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128). Run it on an otherwise idle machine.
+# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default). Run it on an otherwise idle machine.
 set -euo pipefail
 out=${1:?usage: scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]}
 llama_bin=${2:-}
@@ -13,6 +13,7 @@ max_batch=${MAX_BATCH:-16}
 prompts=${PROMPTS:-../shared/data/specbench_dev.jsonl}
 levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
+step_tokens=${STEP_TOKENS:-}
 bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
 mkdir -p "$out"
 port=8123
@@ -32,7 +33,7 @@ sweep() {  # label, out dir, extra body
 }
 
 "$bin/quickdraft" serve --model "$model" --threads "$threads" --max-batch "$max_batch" --max-queue 64 --port "$port" \
-  > "$out/quickdraft-serve.log" 2>&1 &
+  ${step_tokens:+--step-tokens "$step_tokens"} > "$out/quickdraft-serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 wait_healthy "$port"

@@ -1,10 +1,12 @@
 """`quickdraft batch` end to end on a tiny model: every line answered as the engine answers it alone,
 per-line overrides honoured, bad lines refused with one line naming file:line before anything runs."""
 
+import argparse
 import json
 
 import pytest
 
+from quickdraft.commands.arguments import load_engine
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.models.loading import load_model_dir
@@ -35,6 +37,8 @@ def test_every_line_gets_the_answer_the_engine_gives_it_alone(tiny_dirs, tmp_pat
         "3",
         "--max-batch",
         "3",
+        "--step-tokens",
+        "5",
         "--max-new-tokens",
         "20",
         "--raw",
@@ -71,3 +75,15 @@ def test_a_bad_line_is_refused_before_anything_runs(tmp_path, line, message):
     run = quickdraft("batch", str(source), "--out", str(tmp_path / "out.jsonl"), "--model", "no-such-model")
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_step_tokens_reach_the_engine_and_a_bad_value_is_refused_before_loading(tiny_dirs, tmp_path):
+    flags = dict(drafter="ngram", k=3, k_max=8, runtime="native", dtype="int8", threads=None)
+    engine = load_engine(argparse.Namespace(model=str(tiny_dirs["llama"]), **flags), max_batch=2, step_tokens=5)
+    assert (engine.max_batch, engine.step_tokens) == (2, 5)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "fine"}\n')
+    run = quickdraft(
+        "batch", str(source), "--out", str(tmp_path / "out.jsonl"), "--model", "no-such-model", "--step-tokens", "0"
+    )
+    assert run.returncode == 2 and "--step-tokens must be >= 1, got 0" in run.stderr and "Traceback" not in run.stderr

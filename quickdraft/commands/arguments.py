@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES
-from quickdraft.engine import Engine
+from quickdraft.engine import DEFAULT_STEP_TOKENS, Engine
 from quickdraft.errors import UsageError
 
 DEFAULT_MAX_BATCH = 8  # requests generated at once by serve and batch; see BENCHMARKS.md (the serving sweep)
@@ -52,7 +52,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_runtime_arguments(parser)
 
 
-def add_max_batch_argument(parser: argparse.ArgumentParser) -> None:
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """--max-batch and --step-tokens, for the commands that run many requests at once."""
     parser.add_argument(
         "--max-batch",
         type=int,
@@ -60,12 +61,22 @@ def add_max_batch_argument(parser: argparse.ArgumentParser) -> None:
         help=f"requests generated at once, one KV cache slot each (default {DEFAULT_MAX_BATCH}; "
         "a transformers-runtime model runs 1)",
     )
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=DEFAULT_STEP_TOKENS,
+        help=f"prompt tokens all prefilling requests read per step, together (default {DEFAULT_STEP_TOKENS}; "
+        "lower: running streams pause less for a new prompt, higher: prompts read in fewer steps)",
+    )
 
 
-def load_engine(args: argparse.Namespace, max_batch: int = 1) -> Engine:
-    """The engine the flags of `add_model_arguments` name, running up to `max_batch` requests at once."""
+def load_engine(args: argparse.Namespace, max_batch: int = 1, step_tokens: int = DEFAULT_STEP_TOKENS) -> Engine:
+    """The engine the flags of `add_model_arguments` name, running up to `max_batch` requests at once and
+    prefilling `step_tokens` prompt tokens a step."""
     if max_batch < 1:
         raise UsageError(f"--max-batch must be >= 1, got {max_batch}")
+    if step_tokens < 1:
+        raise UsageError(f"--step-tokens must be >= 1, got {step_tokens}")
     return Engine.from_names(
         args.model,
         drafter=args.drafter,
@@ -75,6 +86,7 @@ def load_engine(args: argparse.Namespace, max_batch: int = 1) -> Engine:
         dtype=args.dtype,
         threads=args.threads,
         max_batch=max_batch,
+        step_tokens=step_tokens,
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from quickdraft.commands.arguments import add_max_batch_argument, add_model_arguments, load_engine
+from quickdraft.commands.arguments import add_batch_arguments, add_model_arguments, load_engine
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine, Failed, Finished
 from quickdraft.errors import UsageError
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("input", type=Path, help="JSONL: one object per line with prompt or messages")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file the results are written to")
     add_model_arguments(parser)
-    add_max_batch_argument(parser)
+    add_batch_arguments(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default most tokens per answer (128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="default sampling temperature; 0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling mass; 1 = off")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens
     )
     lines = read_lines(args.input, defaults)
-    engine = load_engine(args, args.max_batch)
+    engine = load_engine(args, args.max_batch, args.step_tokens)
     chat = not args.raw and bool(engine.target.tokenizer.chat_template)
     prompts = [engine.encode(line.prompt, chat=chat or isinstance(line.prompt, list)) for line in lines]
     failures = write_results(engine, lines, prompts, args.out)

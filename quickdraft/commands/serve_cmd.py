@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from quickdraft.commands.arguments import add_max_batch_argument, add_model_arguments, load_engine
+from quickdraft.commands.arguments import add_batch_arguments, add_model_arguments, load_engine
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
@@ -60,7 +60,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--served-model-name", default=None, help="the model name clients send (default: the --model value)"
     )
-    add_max_batch_argument(parser)
+    add_batch_arguments(parser)
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -178,7 +178,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine for --model (built-in name, local directory, .gguf file or hub id), refused when its KV cache
     slots could outgrow the memory this machine has available."""
-    engine = load_engine(args, args.max_batch)
+    engine = load_engine(args, args.max_batch, args.step_tokens)
     print(_kv_memory_line(engine), flush=True)
     return engine
 
