@@ -48,7 +48,8 @@ from quickdraft.text import Messages, encode_prompt
 
 __all__ = ["Engine", "Event", "Failed", "Finished", "TextDelta"]
 
-DEFAULT_STEP_TOKENS = 256  # prompt tokens all prefilling requests may feed in one step, together
+DEFAULT_STEP_TOKENS = 128  # prompt tokens all prefilling requests may feed in one step, together (one PREFILL_BLOCK;
+# BENCHMARKS.md, "Prefill budget per step": a lower TTFT p50 than 256 at 4, 8 and 16 streams)
 
 
 class Engine:
