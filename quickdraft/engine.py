@@ -14,10 +14,10 @@ are free (at most `max_batch` run). Each running request either reads the next c
 gets its first token within a bounded time while running streams keep flowing) or decodes: its
 controller chooses a drafter and k (fixed, or per step under k="auto", priced against the rest of
 the batch, see `controller.py`), the drafter proposes, and the pending token plus the draft join the
-batch. One target forward runs over
-all of it; each request then verifies its own rows, keeps a prefix of its draft plus one target
-token, and rolls its slot back to the committed length. A request's slot always holds every committed
-token except the newest one (the *pending* token), which is fed with the next draft.
+batch. One target forward runs over all of it; each request then verifies its own rows, keeps a
+prefix of its draft plus one target token, and rolls its slot back to the committed length. A
+request's slot always holds every committed token except the newest one (the *pending* token), which
+is fed with the next draft.
 
 Nothing of one request flows into another: each has its own drafter instances, controller, sampler
 and generator (`running.py`), and the target's batched rows are bit-identical to the rows the same

@@ -108,9 +108,10 @@ def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dt
     if scales.shape[1] == 2 * groups:
         if carrier not in (None, torch.float32):
             raise ValueError(f"scales per 16 weights are carried as float32, not {carrier}")
-        halves = _tiles(scales.float().view(scales.shape[0], groups, 2)).transpose(2, 3)  # [T, G, 2 halves, 4]
-        return torch.cat([_bytes(value_tiles, tiles, groups), _bytes(halves, tiles, groups)], dim=2).contiguous()
-    parts = (value_tiles, _tiles(scales.to(_scale_dtype(carrier, scales))[..., None]))
+        scale_tiles = _tiles(scales.float().view(scales.shape[0], groups, 2)).transpose(2, 3)  # [T, G, 2 halves, 4]
+    else:
+        scale_tiles = _tiles(scales.to(_scale_dtype(carrier, scales))[..., None])  # [T, G, 4, 1]
+    parts = (value_tiles, scale_tiles)
     return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
 
 
