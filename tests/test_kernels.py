@@ -1,6 +1,7 @@
 """quickdraft's own CPU kernels (`models/native/kernels`): what they compute and the row contract.
 
-Each block product (4-bit groups with a scale and an offset; int8 groups with a scale) is checked against an
+Each block product (4-bit groups with a scale and an offset, in tiles or in a prompt block's panels; int8 groups
+with a scale) is checked against an
 emulation of its arithmetic in float64 (activations quantized to int8 per group of 32, exact integer dot
 products), against the exact float product within the bound that activation rounding allows, and for the
 contract the runtime's exactness rests on: every output row is the same bits whatever other rows share the call,
@@ -17,22 +18,32 @@ from quickdraft.models.native.kernels import (
     attend,
     eight_bit_matmul,
     four_bit_matmul,
+    four_bit_panel_matmul,
     pack_eight_bit,
     pack_four_bit,
+    pack_four_bit_panels,
     rms_norm,
     rope,
     silu_mul,
 )
 
 GROUP = 32
-KINDS = ("four_bit", "eight_bit", "four_bit_half_scales", "eight_bit_half_scales", "eight_bit_per_16")
+KINDS = (
+    "four_bit",
+    "eight_bit",
+    "four_bit_half_scales",
+    "eight_bit_half_scales",
+    "eight_bit_per_16",
+    "four_bit_panels",
+)
 
 
 def random_matrix(kind: str, outputs: int, width: int, seed: int):
     """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
     "four_bit" (nibbles in the file's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
     -127..127, a scale per 32); "_half_scales": every scale (and offset) a float16 value, which the packing then
-    stores as float16; "eight_bit_per_16": a scale per 16 weights (Q6_K's)."""
+    stores as float16; "eight_bit_per_16": a scale per 16 weights (Q6_K's); "four_bit_panels": four-bit groups
+    through the prompt blocks' panel product."""
     generator = torch.Generator().manual_seed(seed)
     group = 16 if kind.endswith("_per_16") else GROUP
     scales = torch.rand(outputs, width // group, generator=generator) * 0.02
@@ -50,6 +61,9 @@ def random_matrix(kind: str, outputs: int, width: int, seed: int):
     if kind.endswith("_half_scales"):
         offsets = offsets.half().float()
     weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
+    if kind == "four_bit_panels":
+        panels = pack_four_bit_panels(nibbles, scales, offsets)
+        return partial(four_bit_panel_matmul, panels=panels, outputs=outputs), weight.view(outputs, width)
     packed = pack_four_bit(nibbles, scales, offsets)
     return partial(four_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
 
@@ -116,6 +130,11 @@ def test_block_products_refuse_shapes_they_cannot_compute():
         eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
     with pytest.raises(RuntimeError, match=r"K / 32, 136, 144 or 160\]"):
         eight_bit_matmul(torch.randn(2, 64), packed, 8)
+    panels, _ = random_matrix("four_bit_panels", 8, 64, seed=4)
+    with pytest.raises(RuntimeError, match=r"panels must be \[ceil\(N / 8\), K / 32, 320\]"):
+        four_bit_panel_matmul(torch.randn(2, 64), panels.keywords["panels"], 9)
+    with pytest.raises(RuntimeError, match="panels must be"):
+        four_bit_panel_matmul(torch.randn(2, 64), packed, 8)  # tiles are not panels
 
 
 @pytest.mark.parametrize("half", [True, False])
@@ -146,6 +165,31 @@ def test_packed_tiles_hold_each_rows_groups_in_order(half):
     if not half:
         with pytest.raises(ValueError, match="cannot be carried exactly"):
             pack_four_bit(nibbles, scales, offsets, torch.float16)
+
+
+def test_panels_hold_four_consecutive_weights_of_eight_rows_per_quad():
+    """`pack_four_bit_panels` puts weight 4j + i of row 8p + c's group g at panel p, group g, byte 32j + 4c + i
+    (unpacked from the nibbles: low nibbles are weights 0-15, high ones 16-31), then the 8 rows' float32 scales,
+    then their offsets; rows past N are zeros."""
+    rows, width = 11, 64
+    weights = torch.arange(rows * width, dtype=torch.int32).remainder(16).to(torch.uint8).view(rows, 2, 32)
+    weights = weights.roll(1, dims=0)  # no two rows alike
+    nibbles = (weights[..., :16] | (weights[..., 16:] << 4)).reshape(rows, width // 2)
+    scales = torch.arange(rows * 2, dtype=torch.float32).view(rows, 2) / 7
+    offsets = -scales / 3
+    panels = pack_four_bit_panels(nibbles, scales, offsets)
+    assert panels.shape == (2, 2, 320) and panels.dtype == torch.uint8
+    for row in range(16):
+        panel, slot = divmod(row, 8)
+        for group in range(2):
+            block = panels[panel, group]
+            got = block[:256].view(8, 8, 4)[:, slot].reshape(32)  # quads j = 0..7 of this row
+            got_scale, got_offset = block[256:288].view(torch.float32)[slot], block[288:].view(torch.float32)[slot]
+            if row < rows:
+                assert torch.equal(got, weights[row, group])
+                assert got_scale == scales[row, group] and got_offset == offsets[row, group]
+            else:
+                assert not got.any() and got_scale == 0 and got_offset == 0
 
 
 def test_eight_bit_tiles_with_a_scale_per_16_weights_hold_both_halves_scales():

@@ -11,6 +11,11 @@ products per group, scaled and summed in float32 in group order. The contract th
 row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
 verification row equals a 1-token row, and a batched row its solo row).
 
+`four_bit_panel_matmul(x, panels, outputs)`: the 4-bit product for a prompt block's many rows, on the weights laid
+out in panels of 8 rows, a byte each (`pack_four_bit_panels`), so that one instruction multiplies 4 weights of 8
+columns; the same arithmetic and contract, other bits (its sums run in another order), so prompt blocks always
+take it and verification rows never do.
+
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
 one call (runner.py fills it with the model's weights and says what it computes).
 
@@ -95,6 +100,32 @@ def pack_four_bit(
     carrier = _scale_dtype(carrier, scales, offsets)
     parts = (nibble_tiles, _tiles(scales.to(carrier)[..., None]), _tiles(offsets.to(carrier)[..., None]))
     return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
+
+
+def four_bit_panel_matmul(x: torch.Tensor, panels: torch.Tensor, outputs: int) -> torch.Tensor:
+    """x [M, K] @ weight.T -> [M, outputs] in x's dtype for a prompt block; panels: `pack_four_bit_panels`' of the
+    weight. The same arithmetic as `four_bit_matmul`, summed in another order (so other bits): each row still a
+    function of its own input row only, whatever the row count or thread count."""
+    return kernels().four_bit_panel_matmul(x.contiguous(), panels, outputs)
+
+
+def pack_four_bit_panels(nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A matrix of 4-bit groups (as `pack_four_bit` takes it) as `four_bit_panel_matmul` reads it: uint8
+    [ceil(N / 8), K // 32, 320]. Per panel of 8 rows (zero rows past N) and group: 8 quads of 32 bytes, quad j
+    holding weights 4j..4j+3 of each of the 8 rows, one byte (0..15) each; then the 8 rows' float32 scales, then
+    their float32 offsets. 1.25 bytes a weight, a third of a float32 copy."""
+    rows, groups = scales.shape
+    packed_groups = nibbles.view(rows, groups, 16)
+    values = torch.cat([packed_groups & 0x0F, packed_groups >> 4], dim=2)  # [N, G, 32]: weights 0..15, 16..31
+    pad = -rows % 8
+    values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, pad)).view(-1, 8, groups, 8, 4)  # [P, 8, G, quad, 4]
+    quads = values.permute(0, 2, 3, 1, 4).reshape(-1, groups, 256)  # [P, G, 8 quads x 8 rows x 4]
+
+    def per_row(factors: torch.Tensor) -> torch.Tensor:  # [N, G] -> [P, G, 32] bytes of 8 float32
+        padded = torch.nn.functional.pad(factors.float(), (0, 0, 0, pad)).view(-1, 8, groups)
+        return padded.transpose(1, 2).contiguous().view(torch.uint8)
+
+    return torch.cat([quads, per_row(scales), per_row(offsets)], dim=2).contiguous()
 
 
 def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dtype | None = None) -> torch.Tensor:

@@ -44,6 +44,51 @@ struct QuantizedRows {
 float to_float(float v) { return v; }
 float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
+#ifdef QUICKDRAFT_AVX2
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
+inline int32_t lanes_sum(__m256i v) {  // exact: integers
+  const __m128i half = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i pairs = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 0xB1)));
+}
+
+// The portable version's bits exactly: the same maximum (order-free), the same product per value, rounded half to
+// even (nearbyint's default mode), the same integer sum.
+template <typename T>
+void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 values[4], largest = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    values[i] = load8(x + 8 * i);
+    largest = _mm256_max_ps(largest, _mm256_and_ps(values[i], magnitude));
+  }
+  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+  const __m128 pairs = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(pairs, _mm_movehdup_ps(pairs)));
+  const float d = amax / 127.0f;
+  const __m256 inverse = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+  __m256i ints[4];
+  for (int i = 0; i < 4; ++i) {
+    ints[i] = _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(values[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  // packs interleave the 128-bit lanes: bytes come out as 32-bit pieces 0 4 1 5 2 6 3 7; put them back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const int32_t total = lanes_sum(_mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3])));
+  *scale = d;
+  *sum = d * static_cast<float>(total);
+}
+
+#else
+
 template <typename T>
 void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
   float values[kGroup];
@@ -63,6 +108,8 @@ void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
   *scale = d;
   *sum = d * static_cast<float>(total);
 }
+
+#endif
 
 template <typename T>
 void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) {
@@ -369,15 +416,125 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
-// ---- attention of single queries over a cache, each (query, key head) on its own ----
+// ---- prompt blocks of 4-bit weights: many rows against panels of 8 columns ----
+//
+// A prompt block brings up to 128 rows, and then the tiles' per-row work (each row's group products widened, scaled
+// and summed column by column) costs more than the weights' bytes. A panel instead holds 8 columns' weights unpacked
+// to one byte each (`kernels.pack_four_bit_panels`), ordered so that one unsigned-by-signed multiply-add takes 4
+// consecutive weights of all 8 columns against one row's 4 activations; a group's 8 such products sum in 16-bit
+// lanes (each at most 8 * 2 * 15 * 127 = 30480) and widen once, and each row's scales apply to all 8 columns in one
+// multiply-add. The same arithmetic as the tiles (int8 activations per group of 32, exact integer group products,
+// scaled and summed in float32 in group order), summed differently (one lane per column, offsets in the same sum),
+// so its bits differ from `four_bit_matmul`'s: prompt blocks always come here, verification rows never do. Every
+// output element is still computed by one thread with the same instructions whatever the row count.
+//   panel group (320 bytes): 8 quads of 32 bytes (quad j: weights 4j..4j+3 of column 0, then of column 1, ... 7),
+//   then the 8 columns' float32 scales, then their float32 offsets
+constexpr int64_t kPanel = 8;                                     // columns of a panel
+constexpr int64_t kPanelScales = kGroup * kPanel;                 // byte offset of the scales in a panel group
+constexpr int64_t kPanelBytes = kPanelScales + 2 * kPanel * 4;    // 320
 
 #ifdef QUICKDRAFT_AVX2
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
-  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+template <int R>
+void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t groups, float (*out)[kPanel]) {
+  const int64_t width = groups * kGroup;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];  // lane c: column c
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, p += kPanelBytes) {
+    __m256i sums[R];  // int16 lanes 2c, 2c + 1: column c
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int64_t j = 0; j < kGroup / 4; ++j) {
+      const __m256i weights = load32(p + 32 * j);
+      for (int r = 0; r < R; ++r) {  // row r's activations 4j..4j+3 in every 32-bit lane
+        const float* quad = reinterpret_cast<const float*>(x.q.data() + (row + r) * width + g * kGroup + 4 * j);
+        const __m256i activations = _mm256_castps_si256(_mm256_broadcast_ss(quad));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(weights, activations));
+      }
+    }
+    const __m256 scales = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kPanelScales));
+    const __m256 offsets = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kPanelScales + 32));
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (row + r) * groups + g;
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));  // lane c: column c, exact
+      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
+
+#else  // portable fallback: the same sums, in one lane
+
+template <int R>
+void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t groups, float (*out)[kPanel]) {
+  const int64_t width = groups * kGroup;
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x.q.data() + (row + r) * width;
+    for (int c = 0; c < kPanel; ++c) {
+      float total = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* group = p + g * kPanelBytes;
+        int32_t dot = 0;
+        for (int64_t i = 0; i < kGroup; ++i) dot += static_cast<int32_t>(group[(i / 4) * 32 + c * 4 + i % 4]) * q[g * kGroup + i];
+        const float scale = scale_at(group + kPanelScales + 4 * c, 0.0f);
+        const float offset = scale_at(group + kPanelScales + 32 + 4 * c, 0.0f);
+        const int64_t at = (row + r) * groups + g;
+        total = std::fma(static_cast<float>(dot), scale * x.scale[at], total);
+        total = std::fma(offset, x.sum[at], total);
+      }
+      out[r][c] = total;
+    }
+  }
+}
+
+#endif
+
+template <typename T>
+at::Tensor panel_product(const at::Tensor& x, const uint8_t* panels, int64_t groups, int64_t outputs) {
+  const int64_t rows = x.size(0);
+  QuantizedRows quantized;
+  quantize_rows(x.data_ptr<T>(), rows, groups * kGroup, quantized);
+  auto result = at::empty({rows, outputs}, x.options());
+  T* out = result.data_ptr<T>();
+  at::parallel_for(0, (outputs + kPanel - 1) / kPanel, 1, [&](int64_t panel_begin, int64_t panel_end) {
+    for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
+      const uint8_t* p = panels + panel * groups * kPanelBytes;
+      const int64_t first = panel * kPanel, count = std::min(kPanel, outputs - first);
+      float values[4][kPanel];
+      for (int64_t row = 0; row < rows; row += 4) {
+        const int64_t block = std::min<int64_t>(4, rows - row);
+        switch (block) {
+          case 4: panel_rows<4>(quantized, row, p, groups, values); break;
+          case 3: panel_rows<3>(quantized, row, p, groups, values); break;
+          case 2: panel_rows<2>(quantized, row, p, groups, values); break;
+          default: panel_rows<1>(quantized, row, p, groups, values);
+        }
+        for (int64_t r = 0; r < block; ++r) {
+          for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
+        }
+      }
+    }
+  });
+  return result;
+}
+
+// x [M, K] float32 or bfloat16; panels [ceil(N / 8), K / 32, 320] (`kernels.pack_four_bit_panels`):
+// weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype (a prompt block's product).
+at::Tensor four_bit_panel_matmul(at::Tensor x, at::Tensor panels, int64_t outputs) {
+  check_activations(x);
+  TORCH_CHECK(panels.scalar_type() == at::kByte && panels.is_contiguous() && panels.dim() == 3,
+              "panels must be a contiguous uint8 [panels, groups, bytes] tensor (kernels.pack_four_bit_panels)");
+  TORCH_CHECK(panels.size(0) == (outputs + kPanel - 1) / kPanel && panels.size(1) * kGroup == x.size(1) &&
+              panels.size(2) == kPanelBytes, "panels must be [ceil(N / 8), K / 32, 320]");
+  const int64_t groups = x.size(1) / kGroup;
+  if (x.scalar_type() == at::kBFloat16) return panel_product<c10::BFloat16>(x, panels.data_ptr<uint8_t>(), groups, outputs);
+  return panel_product<float>(x, panels.data_ptr<uint8_t>(), groups, outputs);
+}
+
+// ---- attention of single queries over a cache, each (query, key head) on its own ----
+
+#ifdef QUICKDRAFT_AVX2
 
 // e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6.
 inline __m256 exp_nonpositive(__m256 x) {
@@ -689,6 +846,7 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> weight, double eps) 
 TORCH_LIBRARY(quickdraft, m) {
   m.def("four_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
   m.def("eight_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
+  m.def("four_bit_panel_matmul(Tensor x, Tensor panels, int outputs) -> Tensor");
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
@@ -699,6 +857,7 @@ TORCH_LIBRARY(quickdraft, m) {
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("four_bit_matmul", &quickdraft::four_bit_matmul);
   m.impl("eight_bit_matmul", &quickdraft::eight_bit_matmul);
+  m.impl("four_bit_panel_matmul", &quickdraft::four_bit_panel_matmul);
   m.impl("attend", &quickdraft::attend);
   m.impl("rms_norm", &quickdraft::rms_norm);
   m.impl("rope", &quickdraft::rope);
