@@ -52,6 +52,17 @@ inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the top half of a 
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(c10::BFloat16* p, __m256 v) {  // rounded half to even, NaN as 0x7FC0: c10's conversion exactly
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+  const __m128i halves = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), halves);
+}
+
 inline int32_t lanes_sum(__m256i v) {  // exact: integers
   const __m128i half = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   const __m128i pairs = _mm_add_epi32(half, _mm_shuffle_epi32(half, 0x4E));
@@ -707,7 +718,16 @@ void rotate_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
       for (int64_t h = 0; h < heads; ++h) {
         const T* in = in_all + r * row_stride + h * head_dim;
         T* out = out_all + (r * heads + h) * head_dim;
-        for (int64_t i = 0; i < head_dim; ++i) {
+        int64_t i = 0;
+#ifdef QUICKDRAFT_AVX2
+        if (half % 8 == 0) {  // the loop below's two products and sum, rounded the same
+          for (; i < head_dim; i += 8) {
+            const __m256 swapped = load8(in + (i < half ? i + half : i - half));
+            store8(out + i, _mm256_add_ps(_mm256_mul_ps(load8(in + i), load8(c + i)), _mm256_mul_ps(swapped, load8(s + i))));
+          }
+        }
+#endif
+        for (; i < head_dim; ++i) {
           const float swapped = to_float(in[i < half ? i + half : i - half]);
           out[i] = static_cast<T>(to_float(in[i]) * to_float(c[i]) + swapped * to_float(s[i]));
         }
@@ -755,9 +775,7 @@ void silu_rows(const at::Tensor& gate_up, at::Tensor& result) {
         const __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
         const __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
         const __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);  // by g's sign bit
-        float values[8];
-        _mm256_storeu_ps(values, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), load8(up + i)));
-        for (int j = 0; j < 8; ++j) out[i + j] = static_cast<T>(values[j]);
+        store8(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), load8(up + i)));
       }
 #endif
       for (; i < width; ++i) {
@@ -803,7 +821,15 @@ void normalize_row(const T* x, const T* weight, int64_t width, float eps, T* out
   for (int64_t i = 0; i < width; ++i) squares += to_float(x[i]) * to_float(x[i]);
 #endif
   const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(width) + eps);
-  for (int64_t i = 0; i < width; ++i) {
+  int64_t i = 0;
+#ifdef QUICKDRAFT_AVX2
+  const __m256 inverse8 = _mm256_set1_ps(inverse);
+  for (; i + 8 <= width; i += 8) {  // the loop below's two products, rounded the same
+    const __m256 scaled = _mm256_mul_ps(load8(x + i), inverse8);
+    store8(out + i, weight == nullptr ? scaled : _mm256_mul_ps(scaled, load8(weight + i)));
+  }
+#endif
+  for (; i < width; ++i) {
     const float scaled = to_float(x[i]) * inverse;
     out[i] = static_cast<T>(weight == nullptr ? scaled : scaled * to_float(weight[i]));
   }
