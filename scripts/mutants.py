@@ -155,6 +155,13 @@ MUTANTS = [
         ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
     ),
     Mutant(
+        "panel-product-drops-the-offset-term",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);",
+        "acc[r] = acc[r];",
+        ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
+    ),
+    Mutant(
         "attention-row-reads-the-first-rows-sequence",
         "quickdraft/models/native/kernels/blocks.cpp",
         "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[row];",
