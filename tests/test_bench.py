@@ -284,3 +284,141 @@ def test_auto_dtype_beside_transformers_peers_runs_their_float32_and_int8_is_ref
     assert BenchConfig(model="m", dataset=dataset, peers=("hf",), dtype="bfloat16").run_dtype == "bfloat16"
     with pytest.raises(UsageError, match="no int8 weights; pass --dtype auto, float32 or bfloat16"):
         BenchConfig(model="m", dataset=dataset, peers=("hf",), dtype="int8")
+
+
+FAKE_LLAMA_SERVER = '''#!{python}
+"""A stand-in for llama-server (no llama.cpp build here): /health, and /completion answering with the prompt's
+ids cycled, logging every request to $FAKE_LLAMA_LOG."""
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+speculative = "--spec-type" in args
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *_):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{{}}")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(os.environ["FAKE_LLAMA_LOG"], "a") as log:
+            log.write(json.dumps({{"args": args, **body}}) + "\\n")
+        time.sleep(0.0 if speculative else 0.05)  # the n-gram mode is the faster one
+        prompt, n = body["prompt"], body["n_predict"]
+        tokens = [prompt[i % len(prompt)] for i in range(n)]
+        timings = {{"prompt_ms": 1.0, "predicted_ms": 2.0, "draft_n": 6 if speculative else 0,
+                    "draft_n_accepted": 3 if speculative else 0}}
+        reply = json.dumps({{"tokens": tokens, "timings": timings}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def fake_llama_cpp(tmp_path: Path) -> Path:
+    """A bin/ folder whose llama-server is `FAKE_LLAMA_SERVER`."""
+    import sys
+
+    bin_dir = tmp_path / "llama-bin"
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    server.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    server.chmod(0o755)
+    return bin_dir
+
+
+def gguf_converted_copy(tmp_path: Path, model_dir: Path) -> Path:
+    """The tiny model as if converted from a GGUF file (its marker names one; only the fake server reads it)."""
+    import shutil
+
+    from quickdraft.models.store import MARKER
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    (copy / MARKER).write_text(json.dumps({"source": str(gguf), "gguf": str(gguf)}))
+    return copy
+
+
+def llama_cpp_bench(tmp_path: Path, model_dir: Path, bin_dir: Path, *extra: str) -> list[str]:
+    dataset = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    return ["bench", "--model", str(model_dir), "--drafters", "none,ngram", "--ks", "2", "--prompts", str(dataset)] + [
+        "--max-new-tokens",
+        str(MAX_NEW_TOKENS),
+        "--repeats",
+        str(REPEATS),
+        "--dtype",
+        "int8",
+        "--llama-cpp",
+        str(bin_dir),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def test_llama_cpp_runs_plain_and_with_its_ngram_speculation_on_the_same_prompt_ids(tmp_path, tiny_dirs, monkeypatch):
+    model_dir = gguf_converted_copy(tmp_path, tiny_dirs["llama"])
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(log))
+    assert main(llama_cpp_bench(tmp_path, model_dir, fake_llama_cpp(tmp_path))) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    names = [m["name"] for m in results["methods"]]
+    assert names == [BASELINE, "qd:ngram k=2", "llama.cpp:plain", "llama.cpp:ngram-simple"]
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    # warm-up once per server, then every prompt in every repeat, each from its own server, prompt cache off
+    assert len(requests) == 2 + 2 * len(PROMPTS) * REPEATS
+    assert {("--spec-type" in r["args"], r["temperature"], r["cache_prompt"]) for r in requests} == {
+        (False, 0.0, False),
+        (True, 0.0, False),
+    }
+    assert {len(r["prompt"]) for r in requests[2:]} == {p["prompt_tokens"] for p in results["prompts"]}
+    rows = [r for r in results["measurements"] if r["method"].startswith("llama.cpp:")]
+    for row in rows:
+        sent = next(
+            r["prompt"] for r in requests if len(r["prompt"]) == results["prompts"][row["prompt"]]["prompt_tokens"]
+        )
+        assert row["token_ids"] == [sent[i % len(sent)] for i in range(MAX_NEW_TOKENS)]  # the server's ids, untouched
+    ngram = [r for r in rows if r["method"] == "llama.cpp:ngram-simple"]
+    assert all((r["draft_tokens"], r["accepted_tokens"], r["steps"]) == (6, 3, MAX_NEW_TOKENS - 1 - 3) for r in ngram)
+    overall = results["summary"]["groups"][OVERALL]
+    assert overall["llama.cpp:ngram-simple"]["speedup_vs_llama_cpp"]["median"] == 1.0  # the fastest llama.cpp mode
+    assert overall["llama.cpp:plain"]["speedup_vs_llama_cpp"]["median"] < 1.0
+    assert overall[BASELINE]["identical"] == 1.0 and overall["qd:ngram k=2"]["identical"] == 1.0
+    assert "| vs fastest llama.cpp |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_llama_cpp_generations_stop_at_the_models_end_of_sequence():
+    from quickdraft.bench.methods import LlamaCppGenerate
+    from quickdraft.config import SamplingParams
+
+    class Server:  # what LlamaCppGenerate reads of a LlamaServer
+        def complete(self, prompt, tokens, temperature):
+            return {"tokens": [5, 6, 2, 7], "timings": {"prompt_ms": 30.0, "predicted_ms": 10.0}}
+
+    generation = LlamaCppGenerate(Server(), "plain", frozenset({2})).run([1, 2, 3], SamplingParams(max_new_tokens=4))
+    assert generation.token_ids == (5, 6) and generation.finish_reason == "stop"
+    assert (generation.steps, generation.target_forwards) == (2, 3)  # the prompt's forward yields token 1
+    assert generation.time_to_first_token == min(0.03, generation.wall_seconds)  # its prompt_ms, within the call
+
+
+def test_llama_cpp_needs_a_build_with_llama_server_and_a_model_from_a_gguf_file(tmp_path, tiny_dirs, capsys):
+    empty_bin = tmp_path / "empty-bin"
+    empty_bin.mkdir()
+    assert main(llama_cpp_bench(tmp_path, tmp_path / "no-model", empty_bin)) == 2  # before any model loads
+    assert "no llama-server in" in capsys.readouterr().err
+    assert main(llama_cpp_bench(tmp_path, tiny_dirs["llama"], fake_llama_cpp(tmp_path))) == 2
+    assert "comes from none on this machine; pass a built-in model or a .gguf path" in capsys.readouterr().err

@@ -5,8 +5,9 @@
 
 The first runs `llama-bench -p 0 -n TOKENS -r REPEATS -t THREADS -fa 0 -o json` (token generation only,
 flash attention off as PEERS.md advises on CPU) and returns the median of its per-repeat tokens/s. The second
-starts `llama-server` on a free local port, asks `/completion` for each prompt's greedy continuation (token
-ids in, token ids out, end of sequence ignored) and stops the server.
+starts a `LlamaServer` (llama-server on a free local port), asks `/completion` for each prompt's greedy
+continuation (token ids in, token ids out, end of sequence ignored) and stops the server. `quickdraft bench
+--llama-cpp` times generations through a `LlamaServer` too (`bench/methods.LlamaCppGenerate`).
 """
 
 import json
@@ -61,24 +62,54 @@ def greedy_continuations(
     bin_dir: Path, gguf: Path, prompts: Sequence[Sequence[int]], tokens: int, threads: int
 ) -> list[list[int]]:
     """llama.cpp's greedy continuation of `tokens` tokens for each prompt, as token ids."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [str(llama_server(bin_dir)), "-m", str(gguf), "-t", str(threads), "-np", "1", "-c", "4096"]
-    command += ["-fa", "off", "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_ready(server, base, gguf)
-        request = {"n_predict": tokens, "temperature": 0.0, "ignore_eos": True, "return_tokens": True}
-        request["cache_prompt"] = False
-        return [_post(base + "/completion", {**request, "prompt": list(prompt)})["tokens"] for prompt in prompts]
-    finally:
-        server.terminate()
+    with LlamaServer(bin_dir, gguf, threads) as server:
+        return [server.complete(prompt, tokens, temperature=0.0, ignore_eos=True)["tokens"] for prompt in prompts]
+
+
+class LlamaServer:
+    """A `llama-server` on a free local port for one GGUF file, one slot, prompt cache off: a context manager
+    that starts it (and waits until it is ready) and stops it. `extra_args` are passed on, e.g. its n-gram
+    speculation, `("--spec-type", "ngram-simple")`."""
+
+    def __init__(self, bin_dir: Path, gguf: Path, threads: int, extra_args: Sequence[str] = ()) -> None:
+        self.gguf = Path(gguf)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.command = [str(llama_server(bin_dir)), "-m", str(gguf), "-t", str(threads), "-np", "1", "-c", "4096"]
+        self.command += ["-fa", "off", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+        self.base = f"http://127.0.0.1:{port}"
+        self._process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LlamaServer":
+        self._process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            server.wait(timeout=10)
+            _wait_until_ready(self._process, self.base, self.gguf)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            server.kill()
+            self._process.kill()
+        self._process = None
+
+    def complete(self, prompt: Sequence[int], tokens: int, temperature: float, ignore_eos: bool = False) -> dict:
+        """POST /completion: `prompt` token ids in, at most `tokens` new ones; sampling is plain temperature
+        sampling (top-k, top-p and min-p off; greedy at 0). Returns llama-server's reply: "tokens" (the new token
+        ids) and "timings" (its own prompt_ms, predicted_ms, predicted_n, draft_n, draft_n_accepted)."""
+        request = {"prompt": list(prompt), "n_predict": tokens, "temperature": temperature, "top_k": 0}
+        request |= {"top_p": 1.0, "min_p": 0.0, "ignore_eos": ignore_eos, "return_tokens": True, "cache_prompt": False}
+        return _post(self.base + "/completion", request)
 
 
 def _wait_until_ready(server: subprocess.Popen, base: str, gguf: Path) -> None:

@@ -3,7 +3,9 @@
 `QuickdraftMethod` runs the engine with a drafter and k (both passed through untouched, so new
 drafters and k="auto" work as they land). `HFGenerate` runs transformers' own `generate` on the
 same weights: plain greedy, prompt lookup (`prompt_lookup_num_tokens`) or an assistant model.
-Wall time is the whole generation call, prefill included, for every method.
+`LlamaCppGenerate` asks a llama-server (`bench/llama_cpp.LlamaServer`) on the model's GGUF file, plain or
+with its n-gram speculation. Wall time is the whole generation call, prefill included, for every method
+(for llama.cpp the HTTP request on the local machine, prompt cache off).
 """
 
 import time
@@ -14,11 +16,12 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
+from quickdraft.bench.llama_cpp import LlamaServer
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
 from quickdraft.measure import Generation, measure
 
-Family = Literal["quickdraft", "transformers"]
+Family = Literal["quickdraft", "transformers", "llama.cpp"]
 HFMode = Literal["greedy", "lookup", "assistant"]
 
 AUTO = "auto"
@@ -153,6 +156,44 @@ class HFGenerate:
             draft_tokens=drafted,
             accepted_tokens=max(produced - len(inputs), 0),
             verify_seconds=sum(seconds[1:]),
+        )
+
+
+class LlamaCppGenerate:
+    """llama.cpp's own generation on the same GGUF file, through a running `LlamaServer`: the same prompt token
+    ids, plain temperature sampling (greedy at 0), stopping at the model's end of sequence as quickdraft does."""
+
+    family: Family = "llama.cpp"
+
+    def __init__(self, server: LlamaServer, mode: str, eos_token_ids: frozenset[int]) -> None:
+        self.server = server
+        self.drafter = mode  # "plain", or the server's --spec-type, e.g. "ngram-simple"
+        self.k = None
+        self.name = f"llama.cpp:{mode}"
+        self.eos_token_ids = eos_token_ids
+
+    def run(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        reply = self.server.complete(prompt_ids, params.max_new_tokens, params.temperature)
+        wall, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+        tokens = [int(t) for t in reply["tokens"]]
+        eos_at = next((i for i, token in enumerate(tokens) if token in self.eos_token_ids), None)
+        timings = reply.get("timings") or {}
+        drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        produced = len(tokens) if eos_at is None else eos_at + 1
+        steps = max(produced - 1 - accepted, 0)  # the prompt's forward yields the first token, each step 1 + accepted
+        ended = eos_at is not None or bool(reply.get("stopped_eos"))
+        return Generation(
+            token_ids=tuple(tokens[:eos_at]),
+            finish_reason="stop" if ended else "length",
+            wall_seconds=wall,
+            cpu_seconds=cpu_seconds,  # this process's only: llama.cpp computes in its own
+            time_to_first_token=min(float(timings.get("prompt_ms", 0.0)) / 1000, wall),
+            target_forwards=steps + 1,  # the prompt's too
+            steps=steps,
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+            verify_seconds=float(timings.get("predicted_ms", 0.0)) / 1000,
         )
 
 

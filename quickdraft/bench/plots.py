@@ -79,14 +79,14 @@ def _speedup_vs_k(results: dict, axes) -> None:
             by_drafter.setdefault(method["drafter"], []).append(method)
     for drafter, methods in by_drafter.items():
         _draw_drafter_vs_k(axes, results, drafter, methods)
-    peers = [m["name"] for m in results["methods"] if m["family"] == "transformers" and figures[m["name"]]["speedup"]]
-    for name, style in zip(peers, [":", (0, (1, 4)), (0, (5, 5)), (0, (3, 1, 1, 1))]):
+    peers = [m["name"] for m in results["methods"] if m["family"] != "quickdraft" and figures[m["name"]]["speedup"]]
+    for name, style in zip(peers, [":", (0, (1, 4)), (0, (5, 5)), (0, (3, 1, 1, 1)), (0, (1, 1)), (0, (5, 1))]):
         axes.axhline(figures[name]["speedup"]["median"], linestyle=style, linewidth=1.2, color="gray", label=name)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(sorted({m["k"] for methods in by_drafter.values() for m in methods}))
     axes.set_xlabel("k (most draft tokens per step)")
     axes.set_ylabel(f"speedup vs {BASELINE}")
-    axes.set_title("speedup vs k (gray: transformers peers)")
+    axes.set_title("speedup vs k (gray: peers, transformers and llama.cpp)")
     axes.legend(fontsize=7)
 
 

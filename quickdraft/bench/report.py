@@ -26,17 +26,21 @@ def render_report(results: dict) -> str:
 
 
 def method_table(figures: dict[str, dict]) -> str:
-    """One row per method: tokens/s, speedups with spread, tau, acceptance, identical, TTFT."""
+    """One row per method: tokens/s, speedups with spread, tau, acceptance, identical, TTFT; with llama.cpp's
+    methods in the run, also the speedup over the fastest of them."""
+    llama_cpp = any(f.get("speedup_vs_llama_cpp") for f in figures.values())
+    peer_header, peer_rule = (" vs fastest llama.cpp |", "---:|") if llama_cpp else ("", "")
     lines = [
-        f"| method | tok/s | speedup vs {BASELINE} | speedup vs {HF_BASELINE} "
-        "| tau | acceptance | identical | TTFT ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| method | tok/s | speedup vs {BASELINE} | speedup vs {HF_BASELINE} |{peer_header} "
+        "tau | acceptance | identical | TTFT ms |",
+        f"|---|---:|---:|---:|{peer_rule}---:|---:|---:|---:|",
     ]
     for name, f in figures.items():
+        peer = f" {speedup_cell(f.get('speedup_vs_llama_cpp'))} |" if llama_cpp else ""
         lines.append(
             f"| {name} | {f['tokens_per_second']:.1f} | {speedup_cell(f['speedup'])} "
-            f"| {speedup_cell(f['speedup_vs_hf'])} "
-            f"| {f['tau']:.2f} | {_percent(f['acceptance'])} | {_percent(f['identical'])} "
+            f"| {speedup_cell(f['speedup_vs_hf'])} |{peer} "
+            f"{f['tau']:.2f} | {_percent(f['acceptance'])} | {_percent(f['identical'])} "
             f"| {f['time_to_first_token'] * 1000:.0f} |"
         )
     return "\n".join(lines)

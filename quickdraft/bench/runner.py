@@ -7,17 +7,21 @@ k is. Every measurement is kept raw; aggregation happens in `summary`.
 
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
+from quickdraft.bench.llama_cpp import LlamaServer, llama_server
 from quickdraft.bench.methods import (
     AUTO,
     JOINER,
     HFGenerate,
     HFTarget,
+    LlamaCppGenerate,
     Method,
     QuickdraftMethod,
     engine_drafter,
@@ -35,9 +39,10 @@ from quickdraft.errors import UsageError
 from quickdraft.measure import Generation, interleave
 from quickdraft.models.base import matrix_forms
 from quickdraft.models.loading import load_model_dir
-from quickdraft.models.store import local_model_dir
+from quickdraft.models.store import converted_from, gguf_source, local_model_dir
 
 WARMUP_TOKENS = 8  # one short untimed generation per method first: no one-time costs in the timings
+LLAMA_CPP_MODES = {"plain": (), "ngram-simple": ("--spec-type", "ngram-simple")}  # mode -> llama-server arguments
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class BenchConfig:
     repeats: int = 3
     peers: tuple[str, ...] = ()  # "hf": transformers generate (greedy, prompt lookup, assistant)
     hf_lookup_tokens: int = 4  # prompt_lookup_num_tokens of the transformers peer
+    llama_cpp: Path | None = None  # a llama.cpp build's bin/: also time llama-server on the model's GGUF file
     runtime: str = "auto"
     dtype: str = "auto"  # see `run_dtype`
     seed: int = 0  # base seed of sampled runs (prompt i, repeat r uses seed + 1000 r + i)
@@ -76,6 +82,8 @@ class BenchConfig:
             )
         if self.repeats < 1:
             raise UsageError(f"--repeats must be >= 1, got {self.repeats}; speedups need at least one repeat")
+        if self.llama_cpp is not None:
+            llama_server(self.llama_cpp)  # a build with llama-server, checked before any model loads
         if unknown := [p for p in self.peers if p != "hf"]:
             raise UsageError(f"unknown peers {', '.join(unknown)}; the only peer is hf (transformers generate)")
         for drafter in self.drafters:
@@ -101,14 +109,16 @@ def run_bench(config: BenchConfig) -> dict:
     )
     chat = bool(target.tokenizer.chat_template)
     encoded = [engine.encode(prompt.first_turn, chat=chat) for prompt in prompts]
-    methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
-    _warm_up(methods, encoded[0], config)
-    cost_context = sorted(encoded, key=len)[len(encoded) // 2]  # the median-length prompt: a typical context
-    forward_seconds = time_forwards(
-        target.runner, cost_context, range(1, _largest_k(config.ks) + 2), min_rounds=config.cost_repeats
-    )
-    rows = _measure_all(methods, prompts, encoded, config)
-    _mark_identity(rows, config)
+    with ExitStack() as servers:
+        methods = quickdraft_methods(engine, config) + peer_methods(engine, config, model_dir)
+        methods += llama_cpp_methods(engine, config, model_dir, servers)
+        _warm_up(methods, encoded[0], config)
+        cost_context = sorted(encoded, key=len)[len(encoded) // 2]  # the median-length prompt: a typical context
+        forward_seconds = time_forwards(
+            target.runner, cost_context, range(1, _largest_k(config.ks) + 2), min_rounds=config.cost_repeats
+        )
+        rows = _measure_all(methods, prompts, encoded, config)
+        _mark_identity(rows, config)
     meta.update(
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         machine_at_end=machine_info(),
@@ -121,6 +131,7 @@ def run_bench(config: BenchConfig) -> dict:
         "config": {
             **asdict(config),
             "dataset": str(config.dataset),
+            "llama_cpp": None if config.llama_cpp is None else str(config.llama_cpp),
             "model_dir": str(model_dir),
             "run_dtype": config.run_dtype,
         },
@@ -160,6 +171,24 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
             assistant = load_hf_model(local_model_dir(name, progress=False), config.run_dtype)
             peers.append(HFGenerate(target, "assistant", assistant=assistant, assistant_name=name))
     return peers
+
+
+def llama_cpp_methods(engine: Engine, config: BenchConfig, model_dir: Path, servers: ExitStack) -> list[Method]:
+    """llama.cpp plain and with its n-gram speculation, each a llama-server on the model's GGUF file (entered
+    into `servers`, so they stop with the run), at the same thread count as quickdraft."""
+    if config.llama_cpp is None:
+        return []
+    gguf = gguf_source(config.model) or converted_from(model_dir)
+    if gguf is None:
+        raise UsageError(
+            f"--llama-cpp runs llama.cpp on the GGUF file the model comes from, and {config.model} comes from none "
+            "on this machine; pass a built-in model or a .gguf path as --model"
+        )
+    threads, eos = torch.get_num_threads(), engine.target.info.eos_token_ids
+    return [
+        LlamaCppGenerate(servers.enter_context(LlamaServer(config.llama_cpp, gguf, threads, args)), mode, eos)
+        for mode, args in LLAMA_CPP_MODES.items()
+    ]
 
 
 def _warm_up(methods: list[Method], prompt_ids: list[int], config: BenchConfig) -> None:

@@ -15,6 +15,7 @@ from quickdraft.stats import acceptance_by_position, acceptance_rate, tau
 OVERALL = "overall"
 BASELINE = "qd:none"  # quickdraft's target alone: the denominator of every speedup
 HF_BASELINE = "hf:greedy"  # transformers' plain greedy generate: the peers' denominator
+LLAMA_CPP = "llama.cpp"  # the family of llama.cpp's methods; the fastest of them is a third denominator
 
 
 def summarize(results: dict) -> dict:
@@ -25,8 +26,11 @@ def summarize(results: dict) -> dict:
         groups.setdefault(row["category"], []).append(row)
     methods = [m["name"] for m in results["methods"]]
     verify_cost = {int(k): v for k, v in results["verify_cost"].items()}
+    peer = fastest(rows, [m["name"] for m in results["methods"] if m["family"] == LLAMA_CPP])
     return {
-        "groups": {name: {m: method_figures(group_rows, m) for m in methods} for name, group_rows in groups.items()},
+        "groups": {
+            name: {m: method_figures(group_rows, m, peer) for m in methods} for name, group_rows in groups.items()
+        },
         "costs": {
             m["name"]: cost_figures(rows, m, verify_cost)
             for m in results["methods"]
@@ -35,8 +39,18 @@ def summarize(results: dict) -> dict:
     }
 
 
-def method_figures(rows: list[dict], method: str) -> dict:
-    """Throughput, speedups (vs quickdraft baseline and transformers greedy), tau, acceptance, identity."""
+def fastest(rows: list[dict], methods: list[str]) -> str | None:
+    """The method with the highest median over repeats of its mean tokens/s over prompts (None: no methods)."""
+    rates = {
+        m: statistics.median(_per_repeat_means([r for r in rows if r["method"] == m], "tokens_per_second").values())
+        for m in methods
+    }
+    return max(rates, key=rates.get, default=None)
+
+
+def method_figures(rows: list[dict], method: str, llama_cpp: str | None = None) -> dict:
+    """Throughput, speedups (vs quickdraft baseline, transformers greedy and `llama_cpp`, the fastest llama.cpp
+    mode overall), tau, acceptance, identity."""
     own = [r for r in rows if r["method"] == method]
     tps = _per_repeat_means(own, "tokens_per_second")
     identical = [r["identical_to_baseline"] for r in own if r["identical_to_baseline"] is not None]
@@ -50,6 +64,7 @@ def method_figures(rows: list[dict], method: str) -> dict:
         "tokens_per_second_by_repeat": [tps[r] for r in sorted(tps)],
         "speedup": _speedup(rows, method, BASELINE, "tokens_per_second"),
         "speedup_vs_hf": _speedup(rows, method, HF_BASELINE, "tokens_per_second"),
+        "speedup_vs_llama_cpp": _speedup(rows, method, llama_cpp, "tokens_per_second") if llama_cpp else None,
         "decode_speedup": _speedup(rows, method, BASELINE, "decode_tokens_per_second"),
         "tau": _pooled_tau(own),
         "acceptance": acceptance_rate(sum(r["accepted_tokens"] for r in own), sum(r["draft_tokens"] for r in own)),

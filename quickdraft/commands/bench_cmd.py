@@ -64,6 +64,13 @@ def register(subparsers) -> None:
         "method then runs float32, the weights transformers runs",
     )
     parser.add_argument(
+        "--llama-cpp",
+        type=Path,
+        metavar="BIN_DIR",
+        help="a llama.cpp build's bin/ folder (../shared/tools/build-llama-cpp.sh): also time llama-server on the "
+        "model's GGUF file, plain and with its n-gram speculation (--spec-type ngram-simple), same prompt ids",
+    )
+    parser.add_argument(
         "--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)"
     )
     add_runtime_arguments(parser, "the quickdraft methods")
@@ -122,6 +129,7 @@ def _measure(args: argparse.Namespace) -> dict:
         repeats=args.repeats,
         peers=tuple(args.peers),
         hf_lookup_tokens=args.hf_lookup_tokens,
+        llama_cpp=args.llama_cpp,
         runtime=args.runtime,
         dtype=args.dtype,
         seed=args.seed,
