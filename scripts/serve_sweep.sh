@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The serving sweep of BENCHMARKS.md: quickdraft serve with and without speculation, and llama-server on the
-# same GGUF when given its binaries, each measured by `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
+# same GGUF when given its binaries (plain and with --spec-type ngram-simple), each measured by
+# `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
 # CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default). Run it on an otherwise idle machine.
@@ -44,14 +45,18 @@ runs=("$out/quickdraft-spec/results.json" "$out/quickdraft-plain/results.json")
 
 if [ -n "$llama_bin" ]; then
   gguf=$("$bin/python" -c "from quickdraft.models.registry import BUILTIN_MODELS; from quickdraft.models.store import cache_dir; print(cache_dir() / 'gguf' / BUILTIN_MODELS['$model'].gguf_filename)")
-  "$llama_bin/llama-server" -m "$gguf" -t "$threads" -np "$max_batch" -c $((max_batch * 4096)) --port "$port" \
-    --spec-type ngram-simple -fa off --jinja > "$out/llama-server.log" 2>&1 &
-  server=$!
-  wait_healthy "$port"
-  # cache_prompt false: the sweep sends the same prompts at every level, and llama-server would answer them from
-  # its prompt cache after the first level (quickdraft has no prompt cache): both then prefill every prompt.
-  sweep "llama-server -np $max_batch --spec-type ngram-simple" llama-server '{"cache_prompt": false}'
-  kill "$server"; wait "$server" 2>/dev/null || true
-  runs+=("$out/llama-server/results.json")
+  for mode in plain ngram-simple; do  # llama-server plain and with its n-gram speculation: its best mode varies
+    spec=()
+    if [ "$mode" != plain ]; then spec=(--spec-type "$mode"); fi
+    "$llama_bin/llama-server" -m "$gguf" -t "$threads" -np "$max_batch" -c $((max_batch * 4096)) --port "$port" \
+      "${spec[@]}" -fa off --jinja > "$out/llama-server-$mode.log" 2>&1 &
+    server=$!
+    wait_healthy "$port"
+    # cache_prompt false: the sweep sends the same prompts at every level, and llama-server would answer them from
+    # its prompt cache after the first level (quickdraft has no prompt cache): both then prefill every prompt.
+    sweep "llama-server -np $max_batch $mode" "llama-server-$mode" '{"cache_prompt": false}'
+    kill "$server"; wait "$server" 2>/dev/null || true
+    runs+=("$out/llama-server-$mode/results.json")
+  done
 fi
 "$bin/quickdraft" bench-serve --combine "${runs[@]}" --out "$out/combined"
