@@ -62,7 +62,7 @@ def random_matrix(kind: str, outputs: int, width: int, seed: int):
         offsets = offsets.half().float()
     weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
     if kind == "four_bit_panels":
-        panels = pack_four_bit_panels(nibbles, scales, offsets)
+        panels = pack_four_bit_panels(q, scales, offsets)
         return partial(four_bit_panel_matmul, panels=panels, outputs=outputs), weight.view(outputs, width)
     packed = pack_four_bit(nibbles, scales, offsets)
     return partial(four_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
@@ -168,16 +168,14 @@ def test_packed_tiles_hold_each_rows_groups_in_order(half):
 
 
 def test_panels_hold_four_consecutive_weights_of_eight_rows_per_quad():
-    """`pack_four_bit_panels` puts weight 4j + i of row 8p + c's group g at panel p, group g, byte 32j + 4c + i
-    (unpacked from the nibbles: low nibbles are weights 0-15, high ones 16-31), then the 8 rows' float32 scales,
-    then their offsets; rows past N are zeros."""
+    """`pack_four_bit_panels` puts weight 4j + i of row 8p + c's group g at panel p, group g, byte 32j + 4c + i,
+    then the 8 rows' float32 scales, then their offsets; rows past N are zeros."""
     rows, width = 11, 64
     weights = torch.arange(rows * width, dtype=torch.int32).remainder(16).to(torch.uint8).view(rows, 2, 32)
     weights = weights.roll(1, dims=0)  # no two rows alike
-    nibbles = (weights[..., :16] | (weights[..., 16:] << 4)).reshape(rows, width // 2)
     scales = torch.arange(rows * 2, dtype=torch.float32).view(rows, 2) / 7
     offsets = -scales / 3
-    panels = pack_four_bit_panels(nibbles, scales, offsets)
+    panels = pack_four_bit_panels(weights.view(rows, width), scales, offsets)
     assert panels.shape == (2, 2, 320) and panels.dtype == torch.uint8
     for row in range(16):
         panel, slot = divmod(row, 8)

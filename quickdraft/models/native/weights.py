@@ -77,7 +77,7 @@ class Linear:
         self._prompt_weight = None  # [out, in] in the prompt dtype; None: no dense prompt product (see below)
         self._prompt_panels = None  # int4 blocks: their `pack_four_bit_panels`, what prompt blocks multiply
         if prompt_dtype is not None and isinstance(blocks, FourBitBlocks):
-            self._prompt_panels = pack_four_bit_panels(blocks.nibbles, blocks.scales, blocks.mins)
+            self._prompt_panels = pack_four_bit_panels(blocks.integers(), blocks.scales, blocks.mins)
         elif prompt_dtype is not None:  # None: no prompt block comes here (the output layer)
             same = self.form == "dense" and prompt_dtype == weight.dtype
             self._prompt_weight = self.weight if same else self.dense().to(prompt_dtype)

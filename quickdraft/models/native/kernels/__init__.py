@@ -33,6 +33,7 @@ import torch
 from quickdraft.errors import ModelError
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
+PANEL_ROWS = 8  # weight rows of a panel (`pack_four_bit_panels`): blocks.cpp's FourBitPanels::kColumns
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -109,23 +110,16 @@ def four_bit_panel_matmul(x: torch.Tensor, panels: torch.Tensor, outputs: int) -
     return kernels().four_bit_panel_matmul(x.contiguous(), panels, outputs)
 
 
-def pack_four_bit_panels(nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A matrix of 4-bit groups (as `pack_four_bit` takes it) as `four_bit_panel_matmul` reads it: uint8
-    [ceil(N / 8), K // 32, 320]. Per panel of 8 rows (zero rows past N) and group: 8 quads of 32 bytes, quad j
-    holding weights 4j..4j+3 of each of the 8 rows, one byte (0..15) each; then the 8 rows' float32 scales, then
-    their float32 offsets. 1.25 bytes a weight, a third of a float32 copy."""
+def pack_four_bit_panels(values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A matrix of 4-bit groups as `four_bit_panel_matmul` reads it: values [N, K] integers in 0..15 (a row's
+    weights in order), scales and offsets [N, K // 32] -> uint8 [ceil(N / 8), K // 32, 320]. Per panel of 8 rows
+    (zero rows past N) and group: 8 quads of 32 bytes, quad j holding weights 4j..4j+3 of each of the 8 rows, one
+    byte each; then the 8 rows' float32 scales, then their float32 offsets. 1.25 bytes a weight."""
     rows, groups = scales.shape
-    packed_groups = nibbles.view(rows, groups, 16)
-    values = torch.cat([packed_groups & 0x0F, packed_groups >> 4], dim=2)  # [N, G, 32]: weights 0..15, 16..31
-    pad = -rows % 8
-    values = torch.nn.functional.pad(values, (0, 0, 0, 0, 0, pad)).view(-1, 8, groups, 8, 4)  # [P, 8, G, quad, 4]
-    quads = values.permute(0, 2, 3, 1, 4).reshape(-1, groups, 256)  # [P, G, 8 quads x 8 rows x 4]
-
-    def per_row(factors: torch.Tensor) -> torch.Tensor:  # [N, G] -> [P, G, 32] bytes of 8 float32
-        padded = torch.nn.functional.pad(factors.float(), (0, 0, 0, pad)).view(-1, 8, groups)
-        return padded.transpose(1, 2).contiguous().view(torch.uint8)
-
-    return torch.cat([quads, per_row(scales), per_row(offsets)], dim=2).contiguous()
+    weights = _tiles(values.to(torch.uint8).view(rows, groups, 32), PANEL_ROWS)  # [P, G, 8 rows, 32]
+    quads = weights.view(*weights.shape[:3], 8, 4).transpose(2, 3)  # [P, G, 8 quads, 8 rows, 4]
+    parts = (quads, _tiles(scales.float()[..., None], PANEL_ROWS), _tiles(offsets.float()[..., None], PANEL_ROWS))
+    return torch.cat([_bytes(part, weights.shape[0], groups) for part in parts], dim=2).contiguous()
 
 
 def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dtype | None = None) -> torch.Tensor:
@@ -155,15 +149,16 @@ def _scale_dtype(carrier: torch.dtype | None, *factors: torch.Tensor) -> torch.d
     return carrier or (torch.float16 if exact else torch.float32)
 
 
-def _tiles(per_group: torch.Tensor) -> torch.Tensor:
-    """[N, G, width] -> [ceil(N / 4), G, 4, width]: rows in tiles of 4 (zeros past N), group-major within a tile."""
+def _tiles(per_group: torch.Tensor, size: int = 4) -> torch.Tensor:
+    """[N, G, width] -> [ceil(N / size), G, size, width]: rows in tiles of `size` (zeros past N), group-major
+    within a tile."""
     rows, groups, width = per_group.shape
-    padded = torch.nn.functional.pad(per_group, (0, 0, 0, 0, 0, -rows % 4))
-    return padded.view(-1, 4, groups, width).permute(0, 2, 1, 3)
+    padded = torch.nn.functional.pad(per_group, (0, 0, 0, 0, 0, -rows % size))
+    return padded.view(-1, size, groups, width).permute(0, 2, 1, 3)
 
 
 def _bytes(part: torch.Tensor, tiles: int, groups: int) -> torch.Tensor:
-    """[T, G, 4, width] of any dtype -> its bytes [T, G, 4 * width * itemsize]."""
+    """[T, G, ...] of any dtype -> its bytes [T, G, bytes of the rest]."""
     return part.contiguous().view(torch.uint8).reshape(tiles, groups, -1)
 
 

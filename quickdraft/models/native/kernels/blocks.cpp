@@ -148,6 +148,7 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 // times the activations' group sums), groups in order, every row with the same instructions.
 template <typename Scale>  // float or c10::Half
 struct FourBitTiles {
+  static constexpr int64_t kColumns = kTile, kRows = 2;  // computed together: columns of a tile, rows of a pass
   static constexpr int64_t kScales = 64, kOffsets = kScales + kTile * sizeof(Scale);  // byte offsets in a group
   static constexpr int64_t kBytes = kOffsets + kTile * sizeof(Scale);                // a group of a tile: 80 or 96
   const uint8_t* packed;                                                               // [tiles, groups, kBytes]
@@ -159,6 +160,7 @@ struct FourBitTiles {
 template <typename Scale, bool kHalves = false>  // kHalves: a scale per 16 weights (float32 only)
 struct EightBitTiles {
   static_assert(!kHalves || sizeof(Scale) == 4, "half-group scales are float32");
+  static constexpr int64_t kColumns = kTile, kRows = 2;
   static constexpr int64_t kScales = kTile * kGroup;
   static constexpr int64_t kBytes = kScales + (kHalves ? 2 : 1) * kTile * sizeof(Scale);  // 136, 144 or 160
   const uint8_t* packed;                                              // [tiles, groups, kBytes]
@@ -345,27 +347,34 @@ void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, in
 
 #endif
 
-// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles split among threads, every row of a tile computed with the
-// tile's weights hot in cache, two rows at a time.
+// Rows row..row+count-1 (count <= R) of tile t: the largest pass `tile<count>`, chosen at compile time.
+template <typename Tiles, int R = Tiles::kRows>
+void rows_pass(const Tiles& tiles, const QuantizedRows& x, int64_t row, int64_t count, int64_t t,
+               float (*out)[Tiles::kColumns]) {
+  if constexpr (R > 1) {
+    if (count < R) return rows_pass<Tiles, R - 1>(tiles, x, row, count, t, out);
+  }
+  tiles.template tile<R>(x, row, t, out);
+}
+
+// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles (of Tiles::kColumns columns) split among threads, every row of
+// a tile computed with the tile's weights hot in cache, Tiles::kRows rows at a time.
 template <typename T, typename Tiles>
 at::Tensor block_product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
+  constexpr int64_t kColumns = Tiles::kColumns, kRows = Tiles::kRows;
   const int64_t rows = x.size(0), width = x.size(1);
   QuantizedRows quantized;
   quantize_rows(x.data_ptr<T>(), rows, width, quantized);
   auto result = at::empty({rows, outputs}, x.options());
   T* out = result.data_ptr<T>();
-  at::parallel_for(0, (outputs + kTile - 1) / kTile, 1, [&](int64_t tile_begin, int64_t tile_end) {
+  at::parallel_for(0, (outputs + kColumns - 1) / kColumns, 1, [&](int64_t tile_begin, int64_t tile_end) {
     for (int64_t t = tile_begin; t < tile_end; ++t) {
-      const int64_t first = t * kTile, count = std::min(kTile, outputs - first);
-      float values[2][kTile];
-      for (int64_t row = 0; row < rows; row += 2) {
-        const int64_t pair = std::min<int64_t>(2, rows - row);
-        if (pair == 2) {
-          tiles.template tile<2>(quantized, row, t, values);
-        } else {
-          tiles.template tile<1>(quantized, row, t, values);
-        }
-        for (int64_t r = 0; r < pair; ++r) {
+      const int64_t first = t * kColumns, count = std::min(kColumns, outputs - first);
+      float values[kRows][kColumns];
+      for (int64_t row = 0; row < rows; row += kRows) {
+        const int64_t pass = std::min(kRows, rows - row);
+        rows_pass(tiles, quantized, row, pass, t, values);
+        for (int64_t r = 0; r < pass; ++r) {
           for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
         }
       }
@@ -440,19 +449,26 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
 // output element is still computed by one thread with the same instructions whatever the row count.
 //   panel group (320 bytes): 8 quads of 32 bytes (quad j: weights 4j..4j+3 of column 0, then of column 1, ... 7),
 //   then the 8 columns' float32 scales, then their float32 offsets
-constexpr int64_t kPanel = 8;                                     // columns of a panel
-constexpr int64_t kPanelScales = kGroup * kPanel;                 // byte offset of the scales in a panel group
-constexpr int64_t kPanelBytes = kPanelScales + 2 * kPanel * 4;    // 320
+struct FourBitPanels {
+  static constexpr int64_t kColumns = 8, kRows = 4;     // columns of a panel, rows of a pass
+  static constexpr int64_t kScales = kGroup * kColumns;  // byte offset of the scales in a panel group
+  static constexpr int64_t kBytes = kScales + 2 * kColumns * 4;  // 320
+  const uint8_t* packed;                                 // [panels, groups, kBytes]
+  int64_t groups;
+  template <int R>
+  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
+};
 
 #ifdef QUICKDRAFT_AVX2
 
 template <int R>
-void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t groups, float (*out)[kPanel]) {
+void FourBitPanels::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
+  const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];  // lane c: column c
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g, p += kPanelBytes) {
+  for (int64_t g = 0; g < groups; ++g, p += kBytes) {
     __m256i sums[R];  // int16 lanes 2c, 2c + 1: column c
     for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int64_t j = 0; j < kGroup / 4; ++j) {
@@ -463,8 +479,8 @@ void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t g
         sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(weights, activations));
       }
     }
-    const __m256 scales = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kPanelScales));
-    const __m256 offsets = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kPanelScales + 32));
+    const __m256 scales = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kScales));
+    const __m256 offsets = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kScales + 32));
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
       const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));  // lane c: column c, exact
@@ -478,18 +494,18 @@ void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t g
 #else  // portable fallback: the same sums, in one lane
 
 template <int R>
-void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t groups, float (*out)[kPanel]) {
+void FourBitPanels::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
   const int64_t width = groups * kGroup;
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q.data() + (row + r) * width;
-    for (int c = 0; c < kPanel; ++c) {
+    for (int c = 0; c < kColumns; ++c) {
       float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* group = p + g * kPanelBytes;
+        const uint8_t* group = packed + (t * groups + g) * kBytes;
         int32_t dot = 0;
         for (int64_t i = 0; i < kGroup; ++i) dot += static_cast<int32_t>(group[(i / 4) * 32 + c * 4 + i % 4]) * q[g * kGroup + i];
-        const float scale = scale_at(group + kPanelScales + 4 * c, 0.0f);
-        const float offset = scale_at(group + kPanelScales + 32 + 4 * c, 0.0f);
+        const float scale = scale_at(group + kScales + 4 * c, 0.0f);
+        const float offset = scale_at(group + kScales + 32 + 4 * c, 0.0f);
         const int64_t at = (row + r) * groups + g;
         total = std::fma(static_cast<float>(dot), scale * x.scale[at], total);
         total = std::fma(offset, x.sum[at], total);
@@ -501,46 +517,17 @@ void panel_rows(const QuantizedRows& x, int64_t row, const uint8_t* p, int64_t g
 
 #endif
 
-template <typename T>
-at::Tensor panel_product(const at::Tensor& x, const uint8_t* panels, int64_t groups, int64_t outputs) {
-  const int64_t rows = x.size(0);
-  QuantizedRows quantized;
-  quantize_rows(x.data_ptr<T>(), rows, groups * kGroup, quantized);
-  auto result = at::empty({rows, outputs}, x.options());
-  T* out = result.data_ptr<T>();
-  at::parallel_for(0, (outputs + kPanel - 1) / kPanel, 1, [&](int64_t panel_begin, int64_t panel_end) {
-    for (int64_t panel = panel_begin; panel < panel_end; ++panel) {
-      const uint8_t* p = panels + panel * groups * kPanelBytes;
-      const int64_t first = panel * kPanel, count = std::min(kPanel, outputs - first);
-      float values[4][kPanel];
-      for (int64_t row = 0; row < rows; row += 4) {
-        const int64_t block = std::min<int64_t>(4, rows - row);
-        switch (block) {
-          case 4: panel_rows<4>(quantized, row, p, groups, values); break;
-          case 3: panel_rows<3>(quantized, row, p, groups, values); break;
-          case 2: panel_rows<2>(quantized, row, p, groups, values); break;
-          default: panel_rows<1>(quantized, row, p, groups, values);
-        }
-        for (int64_t r = 0; r < block; ++r) {
-          for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
-        }
-      }
-    }
-  });
-  return result;
-}
-
 // x [M, K] float32 or bfloat16; panels [ceil(N / 8), K / 32, 320] (`kernels.pack_four_bit_panels`):
 // weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype (a prompt block's product).
 at::Tensor four_bit_panel_matmul(at::Tensor x, at::Tensor panels, int64_t outputs) {
   check_activations(x);
   TORCH_CHECK(panels.scalar_type() == at::kByte && panels.is_contiguous() && panels.dim() == 3,
               "panels must be a contiguous uint8 [panels, groups, bytes] tensor (kernels.pack_four_bit_panels)");
-  TORCH_CHECK(panels.size(0) == (outputs + kPanel - 1) / kPanel && panels.size(1) * kGroup == x.size(1) &&
-              panels.size(2) == kPanelBytes, "panels must be [ceil(N / 8), K / 32, 320]");
-  const int64_t groups = x.size(1) / kGroup;
-  if (x.scalar_type() == at::kBFloat16) return panel_product<c10::BFloat16>(x, panels.data_ptr<uint8_t>(), groups, outputs);
-  return panel_product<float>(x, panels.data_ptr<uint8_t>(), groups, outputs);
+  using Panels = FourBitPanels;
+  TORCH_CHECK(panels.size(0) == (outputs + Panels::kColumns - 1) / Panels::kColumns &&
+              panels.size(1) * kGroup == x.size(1) && panels.size(2) == Panels::kBytes,
+              "panels must be [ceil(N / 8), K / 32, 320]");
+  return product(x, Panels{panels.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
 }
 
 // ---- attention of single queries over a cache, each (query, key head) on its own ----
