@@ -141,8 +141,7 @@ class HFGenerate:
         self, generated: list[int], prompt_length: int, wall: float, cpu_seconds: float, time_to_first_token: float
     ) -> Generation:
         """Counts from the forward hooks: the first forward holds the prompt plus any first draft."""
-        eos_at = next((i for i, token in enumerate(generated) if token in self.target.eos_token_ids), None)
-        produced = len(generated) if eos_at is None else eos_at + 1  # tokens the steps yielded, EOS included
+        eos_at, produced = _end_of_sequence(generated, self.target.eos_token_ids)
         inputs, seconds = self.target.forward_inputs, self.target.forward_seconds
         drafted = (inputs[0] - prompt_length) + sum(n - 1 for n in inputs[1:])
         return Generation(
@@ -177,10 +176,9 @@ class LlamaCppGenerate:
         reply = self.server.complete(prompt_ids, params.max_new_tokens, params.temperature)
         wall, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         tokens = [int(t) for t in reply["tokens"]]
-        eos_at = next((i for i, token in enumerate(tokens) if token in self.eos_token_ids), None)
+        eos_at, produced = _end_of_sequence(tokens, self.eos_token_ids)
         timings = reply.get("timings") or {}
         drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
-        produced = len(tokens) if eos_at is None else eos_at + 1
         steps = max(produced - 1 - accepted, 0)  # the prompt's forward yields the first token, each step 1 + accepted
         ended = eos_at is not None or bool(reply.get("stopped_eos"))
         return Generation(
@@ -195,6 +193,12 @@ class LlamaCppGenerate:
             accepted_tokens=accepted,
             verify_seconds=float(timings.get("predicted_ms", 0.0)) / 1000,
         )
+
+
+def _end_of_sequence(generated: list[int], eos_token_ids) -> tuple[int | None, int]:
+    """(index of the first EOS token or None, tokens the generation yielded, that EOS included)."""
+    eos_at = next((i for i, token in enumerate(generated) if token in eos_token_ids), None)
+    return eos_at, len(generated) if eos_at is None else eos_at + 1
 
 
 class _FirstTokenClock(BaseStreamer):
