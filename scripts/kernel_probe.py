@@ -43,9 +43,8 @@ def main() -> None:
         int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
         int4_scales_and_zeros = torch.rand(in_features // 32, out_features, 2).bfloat16()
         groups = (out_features, in_features // 32)
-        nibble_bytes = torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8)
         group_scales, group_offsets = torch.rand(groups) * 0.01, torch.rand(groups) * -0.08
-        four_bit = pack_four_bit(nibble_bytes, group_scales, group_offsets)
+        four_bit = pack_four_bit(nibbles, group_scales, group_offsets)
         eight_bit = pack_eight_bit(int8, group_scales)
         dense = torch.randn(out_features, in_features).bfloat16()
         dense32 = dense.float()

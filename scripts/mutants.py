@@ -150,16 +150,18 @@ MUTANTS = [
     Mutant(
         "four-bit-product-drops-the-offset-term",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "offset_acc[r] = _mm_fmadd_ps(weight_offsets, _mm_set1_ps(x.sum[at]), offset_acc[r]);",
-        "offset_acc[r] = _mm_setzero_ps();",
-        ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
-    ),
-    Mutant(
-        "panel-product-drops-the-offset-term",
-        "quickdraft/models/native/kernels/blocks.cpp",
         "acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);",
         "acc[r] = acc[r];",
         ("tests/test_kernels.py", "tests/test_gguf_runtime.py", "-k", "product or exact_weights"),
+    ),
+    Mutant(
+        "four-bit-product-sums-multi-row-passes-in-another-order",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);",
+        "acc[r] = R > 1 ? _mm256_add_ps(acc[r], _mm256_mul_ps(dots, _mm256_mul_ps(scales, "
+        "_mm256_set1_ps(x.scale[at])))) "
+        ": _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);",
+        ("tests/test_kernels.py", "-k", "same_bits"),
     ),
     Mutant(
         "attention-row-reads-the-first-rows-sequence",

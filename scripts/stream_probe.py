@@ -52,8 +52,8 @@ def packed_model(carrier: torch.dtype):
     for _ in range(LAYERS):
         layer = {}
         for name, (rows, width) in SHAPES.items():
-            nibbles = torch.randint(0, 256, (rows, width // 2), dtype=torch.uint8, generator=generator)
-            packed = kernels.pack_four_bit(nibbles, scales(rows, width), -8 * scales(rows, width), carrier)
+            values = torch.randint(0, 16, (rows, width), dtype=torch.uint8, generator=generator)
+            packed = kernels.pack_four_bit(values, scales(rows, width), -8 * scales(rows, width), carrier)
             layer[name] = (packed, rows)
         layers.append(layer)
     rows, width = OUTPUT

@@ -150,9 +150,9 @@ def test_block_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model)
     assert head.form == "int8/32" and head.row_invariant
     forms = {linear.form for linear in layer_matrices}
     assert forms == {"int4", "int8/32", "int8"} and all(linear.row_invariant for linear in layer_matrices)
-    # prompt blocks: 4-bit matrices on their panels, the others through a dense copy; the output layer takes none
+    # prompt blocks: 4-bit matrices through their own kernel, the others through a dense copy; the output layer none
     assert {(linear.form, linear.prompt_form) for linear in layer_matrices} == {
-        ("int4", "panels"),
+        ("int4", "own"),
         ("int8/32", "dense"),
         ("int8", "dense"),
     }
@@ -162,7 +162,7 @@ def test_block_matrices_run_on_the_files_blocks_and_the_rest_in_int8(gguf_model)
 
 def test_the_gguf_dtype_follows_the_exact_float32_weights_within_its_activation_rounding(gguf_model):
     """gguf computes with the file's exact weights; its verification rows quantize the products' activations to
-    int8 per group of 32 (as llama.cpp does), and so do its prompt blocks through 4-bit matrices (their panels),
+    int8 per group of 32 (as llama.cpp does), and so do its prompt blocks through 4-bit matrices (the same kernel),
     while through the others they multiply the exact weights densely. The float32
     runner computes with the same exact weights, so their distance is the activations' rounding: bounded by a
     small multiple of bfloat16's (whose steps are 2^-9 of each value, where int8 steps are a group's max / 127).

@@ -1,7 +1,7 @@
 """quickdraft's own CPU kernels (`models/native/kernels`): what they compute and the row contract.
 
-Each block product (4-bit groups with a scale and an offset, in tiles or in a prompt block's panels; int8 groups
-with a scale) is checked against an
+Each block product (4-bit groups with a scale and an offset, in panels of 8 rows; int8 groups with a scale, in
+tiles of 4) is checked against an
 emulation of its arithmetic in float64 (activations quantized to int8 per group of 32, exact integer dot
 products), against the exact float product within the bound that activation rounding allows, and for the
 contract the runtime's exactness rests on: every output row is the same bits whatever other rows share the call,
@@ -18,10 +18,8 @@ from quickdraft.models.native.kernels import (
     attend,
     eight_bit_matmul,
     four_bit_matmul,
-    four_bit_panel_matmul,
     pack_eight_bit,
     pack_four_bit,
-    pack_four_bit_panels,
     rms_norm,
     rope,
     silu_mul,
@@ -34,7 +32,6 @@ KINDS = (
     "four_bit_half_scales",
     "eight_bit_half_scales",
     "eight_bit_per_16",
-    "four_bit_panels",
 )
 
 
@@ -42,8 +39,7 @@ def random_matrix(kind: str, outputs: int, width: int, seed: int):
     """(product: x -> x @ W.T through the kernel, W [N, K] float64) for random weight groups of `kind`:
     "four_bit" (nibbles in the file's group layout, a scale and an offset per 32) or "eight_bit" (int8 in
     -127..127, a scale per 32); "_half_scales": every scale (and offset) a float16 value, which the packing then
-    stores as float16; "eight_bit_per_16": a scale per 16 weights (Q6_K's); "four_bit_panels": four-bit groups
-    through the prompt blocks' panel product."""
+    stores as float16; "eight_bit_per_16": a scale per 16 weights (Q6_K's)."""
     generator = torch.Generator().manual_seed(seed)
     group = 16 if kind.endswith("_per_16") else GROUP
     scales = torch.rand(outputs, width // group, generator=generator) * 0.02
@@ -56,15 +52,11 @@ def random_matrix(kind: str, outputs: int, width: int, seed: int):
         return partial(eight_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
     q = torch.randint(0, 16, (outputs, width), generator=generator, dtype=torch.uint8)
     groups = q.view(outputs, width // GROUP, GROUP)
-    nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(outputs, width // 2).contiguous()
     offsets = -8 * scales + torch.randn(outputs, width // GROUP, generator=generator) * 0.002
     if kind.endswith("_half_scales"):
         offsets = offsets.half().float()
     weight = groups.double() * scales.double()[..., None] + offsets.double()[..., None]
-    if kind == "four_bit_panels":
-        panels = pack_four_bit_panels(q, scales, offsets)
-        return partial(four_bit_panel_matmul, panels=panels, outputs=outputs), weight.view(outputs, width)
-    packed = pack_four_bit(nibbles, scales, offsets)
+    packed = pack_four_bit(q, scales, offsets)
     return partial(four_bit_matmul, packed=packed, outputs=outputs), weight.view(outputs, width)
 
 
@@ -98,7 +90,7 @@ def test_block_product_is_the_int8_activation_product_of_the_exact_weights(kind,
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind, dtype):
-    product, _ = random_matrix(kind, 70, 512, seed=2)  # 70 columns: tiles of 4 and a remainder
+    product, _ = random_matrix(kind, 70, 512, seed=2)  # 70 columns: tiles of 4 (panels of 8) and a remainder
     x = torch.randn(37, 512).to(dtype)
     together = product(x)
     assert torch.equal(together, torch.cat([product(x[i : i + 1]) for i in range(37)]))
@@ -119,75 +111,53 @@ def test_block_products_refuse_shapes_they_cannot_compute():
     packed = product.keywords["packed"]
     with pytest.raises(RuntimeError, match="multiple of 32"):
         four_bit_matmul(torch.randn(2, 48), packed, 8)
-    shape = r"packed weights must be \[ceil\(N / 4\), K / 32, 80 or 96\]"
+    shape = r"packed weights must be \[ceil\(N / 8\), K / 32, 160 or 192\]"
     with pytest.raises(RuntimeError, match=shape):
         four_bit_matmul(torch.randn(2, 96), packed, 8)
     with pytest.raises(RuntimeError, match=shape):
         four_bit_matmul(torch.randn(2, 64), packed, 9)
+    with pytest.raises(RuntimeError, match=shape):
+        four_bit_matmul(torch.randn(2, 64), pack_eight_bit(torch.ones(8, 64, dtype=torch.int8), torch.ones(8, 2)), 8)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         four_bit_matmul(torch.randn(2, 64).half(), packed, 8)
     with pytest.raises(RuntimeError, match="contiguous uint8"):
         eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
-    with pytest.raises(RuntimeError, match=r"K / 32, 136, 144 or 160\]"):
-        eight_bit_matmul(torch.randn(2, 64), packed, 8)
-    panels, _ = random_matrix("four_bit_panels", 8, 64, seed=4)
-    with pytest.raises(RuntimeError, match=r"panels must be \[ceil\(N / 8\), K / 32, 320\]"):
-        four_bit_panel_matmul(torch.randn(2, 64), panels.keywords["panels"], 9)
-    with pytest.raises(RuntimeError, match="panels must be"):
-        four_bit_panel_matmul(torch.randn(2, 64), packed, 8)  # tiles are not panels
+    with pytest.raises(RuntimeError, match=r"\[ceil\(N / 4\), K / 32, 136, 144 or 160\]"):
+        eight_bit_matmul(torch.randn(2, 64), packed, 8)  # 4-bit panels are not 8-bit tiles
 
 
 @pytest.mark.parametrize("half", [True, False])
-def test_packed_tiles_hold_each_rows_groups_in_order(half):
-    """`pack_four_bit` puts row 4t + c's group g at tile t, group g, slot c: nibbles, then scales, then offsets,
-    as float16 when every one is a float16 value, else float32; rows past N are zeros."""
-    nibbles = torch.arange(6 * 32, dtype=torch.int32).remainder(256).to(torch.uint8).view(6, 32)  # K = 64
-    scales = torch.arange(12, dtype=torch.float32).view(6, 2) + (0.0 if half else 1e-4)
-    offsets = -scales
-    packed = pack_four_bit(nibbles, scales, offsets)
-    dtype = torch.float16 if half else torch.float32
-    width = 4 * dtype.itemsize  # bytes of a tile's 4 scales
-    assert packed.shape == (2, 2, 64 + 2 * width)
-    for row in range(8):
-        tile, slot = divmod(row, 4)
-        for group in range(2):
-            block = packed[tile, group]
-            got_nibbles = block[16 * slot : 16 * slot + 16]
-            got_scale, got_offset = (
-                block[64 + i * width : 64 + (i + 1) * width].view(dtype)[slot].float() for i in (0, 1)
-            )
-            if row < 6:
-                assert torch.equal(got_nibbles, nibbles[row, 16 * group : 16 * group + 16])
-                assert got_scale == scales[row, group] and got_offset == offsets[row, group]
-            else:
-                assert not got_nibbles.any() and got_scale == 0 and got_offset == 0
-    assert pack_four_bit(nibbles, scales, offsets, torch.float32).shape == (2, 2, 96)  # float32 always can
-    if not half:
-        with pytest.raises(ValueError, match="cannot be carried exactly"):
-            pack_four_bit(nibbles, scales, offsets, torch.float16)
-
-
-def test_panels_hold_four_consecutive_weights_of_eight_rows_per_quad():
-    """`pack_four_bit_panels` puts weight 4j + i of row 8p + c's group g at panel p, group g, byte 32j + 4c + i,
-    then the 8 rows' float32 scales, then their offsets; rows past N are zeros."""
+def test_four_bit_panels_hold_four_consecutive_weights_of_eight_rows_per_nibble_quad(half):
+    """`pack_four_bit` puts weight 4v + i of row 8p + c's group g in panel p, group g, byte 32v + 4c + i's low
+    nibble and weight 4v + 16 + i in its high nibble; then the 8 rows' scales, then their offsets, as float16 when
+    every one is a float16 value, else float32; rows past N are zeros."""
     rows, width = 11, 64
     weights = torch.arange(rows * width, dtype=torch.int32).remainder(16).to(torch.uint8).view(rows, 2, 32)
-    weights = weights.roll(1, dims=0)  # no two rows alike
-    scales = torch.arange(rows * 2, dtype=torch.float32).view(rows, 2) / 7
-    offsets = -scales / 3
-    panels = pack_four_bit_panels(weights.view(rows, width), scales, offsets)
-    assert panels.shape == (2, 2, 320) and panels.dtype == torch.uint8
+    weights = weights.roll(1, dims=0) ^ torch.arange(rows, dtype=torch.uint8)[:, None, None] % 16  # no two rows alike
+    scales = torch.arange(rows * 2, dtype=torch.float32).view(rows, 2) / (8 if half else 7)
+    offsets = -scales / (4 if half else 3)
+    packed = pack_four_bit(weights.view(rows, width), scales, offsets)
+    dtype = torch.float16 if half else torch.float32
+    width_scales = 8 * dtype.itemsize  # bytes of a panel's 8 scales
+    assert packed.shape == (2, 2, 128 + 2 * width_scales) and packed.dtype == torch.uint8
     for row in range(16):
         panel, slot = divmod(row, 8)
         for group in range(2):
-            block = panels[panel, group]
-            got = block[:256].view(8, 8, 4)[:, slot].reshape(32)  # quads j = 0..7 of this row
-            got_scale, got_offset = block[256:288].view(torch.float32)[slot], block[288:].view(torch.float32)[slot]
+            block = packed[panel, group]
+            vectors = block[:128].view(4, 8, 4)[:, slot]  # [v, i] of this row
+            got = torch.cat([vectors & 0x0F, vectors >> 4]).reshape(32)  # weights 0..15, then 16..31
+            got_scale, got_offset = (
+                block[128 + i * width_scales : 128 + (i + 1) * width_scales].view(dtype)[slot].float() for i in (0, 1)
+            )
             if row < rows:
                 assert torch.equal(got, weights[row, group])
                 assert got_scale == scales[row, group] and got_offset == offsets[row, group]
             else:
                 assert not got.any() and got_scale == 0 and got_offset == 0
+    assert pack_four_bit(weights.view(rows, width), scales, offsets, torch.float32).shape == (2, 2, 192)
+    if not half:
+        with pytest.raises(ValueError, match="cannot be carried exactly"):
+            pack_four_bit(weights.view(rows, width), scales, offsets, torch.float16)
 
 
 def test_eight_bit_tiles_with_a_scale_per_16_weights_hold_both_halves_scales():

@@ -14,14 +14,7 @@ from safetensors import safe_open
 
 from quickdraft.errors import InternalError, ModelError
 from quickdraft.models.native.gguf_blocks import Blocks, EightBitBlocks, FourBitBlocks, GgufFile, matched_rows
-from quickdraft.models.native.kernels import (
-    eight_bit_matmul,
-    four_bit_matmul,
-    four_bit_panel_matmul,
-    pack_eight_bit,
-    pack_four_bit,
-    pack_four_bit_panels,
-)
+from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul, pack_eight_bit, pack_four_bit
 from quickdraft.models.native.spec import DecoderSpec
 
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
@@ -49,10 +42,10 @@ class Linear:
     columns, each with a scale and an offset (`gguf_blocks.FourBitBlocks` on `kernels.four_bit_matmul`), or
     int8 in groups of 32 columns with a scale each ("int8/32": `EightBitBlocks` on `kernels.eight_bit_matmul`).
 
-    A matrix that prompt blocks go through (`batched`) multiplies them in a form made for many rows: int4 blocks on
-    their panels (`kernels.four_bit_panel_matmul`: the same weights a byte each, 1.25 bytes a weight, 1.7x a dense
-    float32 product of a 128-row block on AVX2), every other form densely in `prompt_dtype` through a de-quantized
-    copy where that is not its own (the int8 and 8-bit group kernels are compute-bound past a few rows).
+    Prompt blocks (`batched`) of int4 blocks go through their one kernel, whose panels serve one row and a 128-row
+    block alike (1.7x a dense float32 product of a 128-row block on AVX2), so a prompt row is the bits of the decode
+    row of the same input. Every other form multiplies prompt blocks densely in `prompt_dtype`, through a
+    de-quantized copy where that is not its own (the int8 and 8-bit group kernels are compute-bound past a few rows).
     """
 
     def __init__(
@@ -65,20 +58,17 @@ class Linear:
     ) -> None:
         self.bias = bias  # [out] or None
         self.scales = None  # [out] when int8 per row
-        self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s or `pack_eight_bit`'s tiles (uint8)
+        self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s panels or `pack_eight_bit`'s tiles (uint8)
         self._blocks = blocks  # the file's blocks, kept for dense()
         if isinstance(blocks, FourBitBlocks):
-            self.weight = pack_four_bit(blocks.nibbles, blocks.scales, blocks.mins)
+            self.weight = pack_four_bit(blocks.integers(), blocks.scales, blocks.mins)
         elif isinstance(blocks, EightBitBlocks):
             self.weight = pack_eight_bit(blocks.values, blocks.scales)
         elif int8:
             self.weight, self.scales = quantize_rows(weight)
         self.out_features, self.in_features = weight.shape if blocks is None else blocks.shape
         self._prompt_weight = None  # [out, in] in the prompt dtype; None: no dense prompt product (see below)
-        self._prompt_panels = None  # int4 blocks: their `pack_four_bit_panels`, what prompt blocks multiply
-        if prompt_dtype is not None and isinstance(blocks, FourBitBlocks):
-            self._prompt_panels = pack_four_bit_panels(blocks.integers(), blocks.scales, blocks.mins)
-        elif prompt_dtype is not None:  # None: no prompt block comes here (the output layer)
+        if prompt_dtype is not None and not isinstance(blocks, FourBitBlocks):  # None: no prompt block comes here
             same = self.form == "dense" and prompt_dtype == weight.dtype
             self._prompt_weight = self.weight if same else self.dense().to(prompt_dtype)
         self._prompt_bias = None if bias is None or prompt_dtype is None else bias.to(prompt_dtype)
@@ -92,9 +82,10 @@ class Linear:
 
     @property
     def prompt_form(self) -> str | None:
-        """How prompt blocks multiply this matrix: "panels" (int4 blocks), "dense", or None (none come here)."""
-        if self._prompt_panels is not None:
-            return "panels"
+        """How prompt blocks multiply this matrix: "own" (its own kernel, int4 blocks), "dense", or None (none come
+        here)."""
+        if self.form == "int4":
+            return "own"
         return None if self._prompt_weight is None else "dense"
 
     @property
@@ -133,11 +124,14 @@ class Linear:
         Verification rows through a row-invariant kernel run one product over all of them:
         `_weight_int8pack_mm` and the block kernels compute every row the same way whatever the row count.
         Dense float kernels do not (oneDNN changes blocking and accumulation with the row count), so each group
-        of verification rows gets a product of its own, shaped as it would be alone. A prompt block always gets a
-        product of its own (int4 blocks' panels, else dense; the de-quantized matrix for int8 and 8-bit groups):
-        its shape depends only on the prompt, never on the load.
+        of verification rows gets a product of its own, shaped as it would be alone. int4 blocks run prompt blocks
+        through the same kernel, in the one product of all rows. Other forms give a prompt block a product of its
+        own (dense; the de-quantized matrix for int8 and 8-bit groups): its shape depends only on the prompt, never
+        on the load.
         """
-        if all(not group.prompt_block for group in groups) and (self.row_invariant or len(groups) == 1):
+        if self.form == "int4" or (
+            all(not group.prompt_block for group in groups) and (self.row_invariant or len(groups) == 1)
+        ):
             return self(x)
         pieces, shared_rows = [], []  # shared_rows: consecutive verification groups waiting for one product
         for group in groups:
@@ -153,9 +147,6 @@ class Linear:
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
     def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
-        if self._prompt_panels is not None:
-            y = four_bit_panel_matmul(x, self._prompt_panels, self.out_features)
-            return y if self.bias is None else y + self.bias
         if self._prompt_weight is None:
             raise InternalError("this matrix keeps no dense form for prompt blocks")
         return F.linear(x.to(self._prompt_weight.dtype), self._prompt_weight, self._prompt_bias).to(x.dtype)

@@ -4,17 +4,12 @@ first use.
 `four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
 (weight = nibble * scale + offset, one scale and offset per 32 weights of a row), and
 `eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale, a scale per 32 weights or per 16),
-the weights packed once in tiles of
-4 rows (`pack_four_bit`, `pack_eight_bit`) so that each thread reads one sequential stream, computed as llama.cpp
-computes its block products: every activation row quantized to int8 per group of 32, integer dot
-products per group, scaled and summed in float32 in group order. The contract the runtime relies on: each output
-row is a function of its own input row only, bit for bit, whatever the row count or thread count (so a k-token
-verification row equals a 1-token row, and a batched row its solo row).
-
-`four_bit_panel_matmul(x, panels, outputs)`: the 4-bit product for a prompt block's many rows, on the weights laid
-out in panels of 8 rows, a byte each (`pack_four_bit_panels`), so that one instruction multiplies 4 weights of 8
-columns; the same arithmetic and contract, other bits (its sums run in another order), so prompt blocks always
-take it and verification rows never do.
+the weights packed once (`pack_four_bit`: panels of 8 rows; `pack_eight_bit`: tiles of 4 rows) so that each thread
+reads one sequential stream, computed as llama.cpp computes its block products: every activation row quantized to
+int8 per group of 32, integer dot products per group, scaled and summed in float32 in group order. The contract
+the runtime relies on: each output row is a function of its own input row only, bit for bit, whatever the row
+count or thread count (so a k-token verification row equals a 1-token row, a batched row its solo row, and for
+4-bit matrices a prompt row the decode row of the same input: one kernel serves every row count).
 
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
 one call (runner.py fills it with the model's weights and says what it computes).
@@ -33,7 +28,7 @@ import torch
 from quickdraft.errors import ModelError
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
-PANEL_ROWS = 8  # weight rows of a panel (`pack_four_bit_panels`): blocks.cpp's FourBitPanels::kColumns
+PANEL_ROWS = 8  # weight rows of a 4-bit panel (`pack_four_bit`): blocks.cpp's FourBitPanels::kColumns
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
 
 
@@ -78,7 +73,7 @@ def kernels():
 
 
 def four_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_four_bit`'s tiles of the weight."""
+    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_four_bit`'s panels of the weight."""
     return kernels().four_bit_matmul(x.contiguous(), packed, outputs)
 
 
@@ -89,36 +84,21 @@ def eight_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> tor
 
 
 def pack_four_bit(
-    nibbles: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, carrier: torch.dtype | None = None
+    values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, carrier: torch.dtype | None = None
 ) -> torch.Tensor:
-    """A matrix of 4-bit groups as `four_bit_matmul` reads it: nibbles [N, K // 2] uint8 (byte j of a group:
-    weight j low, weight j + 16 high), scales and offsets [N, K // 32] -> uint8 [ceil(N / 4), K // 32, 80 or 96]:
-    for each tile of 4 rows (zero rows past N) and each group, the 4 rows' 16 bytes of nibbles, then their 4
-    scales, then their 4 offsets, as float16 where all of them are float16 values exactly, else as float32 (or as
-    `carrier` says: float32 always can). One sequential stream per tile."""
-    nibble_tiles = _tiles(nibbles.view(nibbles.shape[0], -1, 16))  # [T, G, 4, 16]
-    tiles, groups = nibble_tiles.shape[:2]
-    carrier = _scale_dtype(carrier, scales, offsets)
-    parts = (nibble_tiles, _tiles(scales.to(carrier)[..., None]), _tiles(offsets.to(carrier)[..., None]))
-    return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
-
-
-def four_bit_panel_matmul(x: torch.Tensor, panels: torch.Tensor, outputs: int) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, outputs] in x's dtype for a prompt block; panels: `pack_four_bit_panels`' of the
-    weight. The same arithmetic as `four_bit_matmul`, summed in another order (so other bits): each row still a
-    function of its own input row only, whatever the row count or thread count."""
-    return kernels().four_bit_panel_matmul(x.contiguous(), panels, outputs)
-
-
-def pack_four_bit_panels(values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A matrix of 4-bit groups as `four_bit_panel_matmul` reads it: values [N, K] integers in 0..15 (a row's
-    weights in order), scales and offsets [N, K // 32] -> uint8 [ceil(N / 8), K // 32, 320]. Per panel of 8 rows
-    (zero rows past N) and group: 8 quads of 32 bytes, quad j holding weights 4j..4j+3 of each of the 8 rows, one
-    byte each; then the 8 rows' float32 scales, then their float32 offsets. 1.25 bytes a weight."""
+    """A matrix of 4-bit groups as `four_bit_matmul` reads it: values [N, K] integers in 0..15 (a row's weights in
+    order), scales and offsets [N, K // 32] -> uint8 [ceil(N / 8), K // 32, 160 or 192]. Per panel of 8 rows (zero
+    rows past N) and group: 4 vectors of 32 bytes, vector v holding weights 4v..4v+3 of each of the 8 rows in its
+    low nibbles and weights 4v+16..4v+19 in its high nibbles; then the 8 rows' scales, then their 8 offsets, as
+    float16 where all of them are float16 values exactly, else as float32 (or as `carrier` says: float32 always
+    can). One sequential stream per panel."""
     rows, groups = scales.shape
     weights = _tiles(values.to(torch.uint8).view(rows, groups, 32), PANEL_ROWS)  # [P, G, 8 rows, 32]
     quads = weights.view(*weights.shape[:3], 8, 4).transpose(2, 3)  # [P, G, 8 quads, 8 rows, 4]
-    parts = (quads, _tiles(scales.float()[..., None], PANEL_ROWS), _tiles(offsets.float()[..., None], PANEL_ROWS))
+    vectors = quads[:, :, :4] | (quads[:, :, 4:] << 4)  # [P, G, 4, 8 rows, 4]: quads v and v + 4 in one byte
+    carrier = _scale_dtype(carrier, scales, offsets)
+    per_row = (_tiles(factor.to(carrier)[..., None], PANEL_ROWS) for factor in (scales, offsets))  # [P, G, 8, 1]
+    parts = (vectors, *per_row)
     return torch.cat([_bytes(part, weights.shape[0], groups) for part in parts], dim=2).contiguous()
 
 

@@ -135,26 +135,36 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
   });
 }
 
-// The weights of a product, packed by tiles of kTile output columns (`kernels.pack_four_bit`, `pack_eight_bit`):
-// tile t holds columns 4t..4t+3 (zeros past the last column), group after group, each group's bytes together, so
-// a thread reads its tiles as one sequential stream. Scales (and offsets) are float16 where every one of the
-// matrix's is a float16 exactly (Q4_0, Q4_1, Q8_0, Q5_0 store them so), else float32 (Q4_K's products of factors).
-//   four-bit group: 4 x 16 bytes of nibbles (byte j: weight j low, weight j + 16 high), 4 scales, 4 offsets
+// The weights of a product, packed so that each thread reads its columns as one sequential stream, group after group
+// (`kernels.pack_four_bit`, `pack_eight_bit`). Scales (and offsets) are float16 where every one of the matrix's is
+// a float16 exactly (Q4_0, Q4_1, Q8_0, Q5_0 store them so), else float32 (Q4_K's products of factors).
+//
+// 4-bit groups, in panels of 8 columns (zeros past the last column). A panel group: 4 vectors of 32 bytes, vector v
+// holding weights 4v..4v+3 of column 0, then of column 1, ... 7, in its low nibbles and weights 4v+16..4v+19 in its
+// high nibbles; then the 8 columns' scales, then their 8 offsets (160 or 192 bytes). Unpacked, a vector's nibbles
+// let one unsigned-by-signed multiply-add take 4 consecutive weights of all 8 columns against one row's 4
+// activations; a group's 8 such products add up in 16-bit lanes (each at most 8 * 2 * 15 * 127 = 30480), widen once
+// to one exact integer per column, and each row's scales apply to the 8 columns in one multiply-add.
+//   out[r][c] = sum over groups, in order, of fma(dot, scale * activation scale) then fma(offset, activation sum)
+// Every row takes the same instructions whatever the row count: a prompt block, a verification and a decode row
+// of the same input are the same bits.
+//
+// 8-bit groups, in tiles of kTile = 4 columns:
 //   eight-bit group: 4 x 32 int8 values, 4 scales
 //   eight-bit group of two halves (Q6_K's 16-weight groups): 4 x 32 int8 values, then 8 float32 scales, the 4
 //   columns' scales of weights 0-15, then those of weights 16-31
-// Each `tile<R>` computes the tile's 4 columns of R consecutive activation rows: out[r][c] = sum over groups of the
-// weights' and activations' scales times the group's integer dot product (plus, for four-bit groups, the offsets
-// times the activations' group sums), groups in order, every row with the same instructions.
+// Each `tile<R>` computes the tile's columns for R consecutive activation rows: out[r][c] = sum over groups of the
+// weights' and activations' scales times the group's integer dot product, groups in order, every row with the
+// same instructions.
 template <typename Scale>  // float or c10::Half
-struct FourBitTiles {
-  static constexpr int64_t kColumns = kTile, kRows = 2;  // computed together: columns of a tile, rows of a pass
-  static constexpr int64_t kScales = 64, kOffsets = kScales + kTile * sizeof(Scale);  // byte offsets in a group
-  static constexpr int64_t kBytes = kOffsets + kTile * sizeof(Scale);                // a group of a tile: 80 or 96
-  const uint8_t* packed;                                                               // [tiles, groups, kBytes]
-  int64_t groups;                                                                      // K / 32
+struct FourBitPanels {
+  static constexpr int64_t kColumns = 8, kRows = 8;  // computed together: columns of a panel, rows of a pass
+  static constexpr int64_t kScales = kGroup * kColumns / 2, kOffsets = kScales + kColumns * sizeof(Scale);
+  static constexpr int64_t kBytes = kOffsets + kColumns * sizeof(Scale);  // a panel group: 160 or 192
+  const uint8_t* packed;                                                   // [panels, groups, kBytes]
+  int64_t groups;                                                          // K / 32
   template <int R>
-  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
+  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
 };
 
 template <typename Scale, bool kHalves = false>  // kHalves: a scale per 16 weights (float32 only)
@@ -205,53 +215,47 @@ inline float quarter_sum(__m128 v) {  // the 4 lanes of a column, in a fixed ord
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
+inline __m256 eight_values(const uint8_t* p, float) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m256 eight_values(const uint8_t* p, c10::Half) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 template <typename Scale>
 template <int R>
-void FourBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const __m256i first_two = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), last_two = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-  __m256 acc01[R], acc23[R];  // lanes 0-3: column 0 (2), lanes 4-7: column 1 (3)
-  __m128 offset_acc[R];
-  for (int r = 0; r < R; ++r) {
-    acc01[r] = acc23[r] = _mm256_setzero_ps();
-    offset_acc[r] = _mm_setzero_ps();
-  }
+  __m256 acc[R];  // lane c: column c
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
-    const __m256i packed01 = load32(p), packed23 = load32(p + 32);  // columns 0|1 and 2|3, 16 bytes each
-    const __m256i low01 = _mm256_and_si256(packed01, low_nibbles);  // weights 0..15 of columns 0|1
-    const __m256i high01 = _mm256_and_si256(_mm256_srli_epi16(packed01, 4), low_nibbles);  // weights 16..31
-    const __m256i low23 = _mm256_and_si256(packed23, low_nibbles);
-    const __m256i high23 = _mm256_and_si256(_mm256_srli_epi16(packed23, 4), low_nibbles);
-    const __m128 weight_scales = four_scales(p + kScales, Scale());
-    const __m128 weight_offsets = four_scales(p + kOffsets, Scale());
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 128), _MM_HINT_T0);
+    __m256i sums[R];  // int16 lanes 2c, 2c + 1: column c
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int64_t v = 0; v < 4; ++v) {
+      const __m256i nibbles = load32(p + 32 * v);
+      const __m256i low = _mm256_and_si256(nibbles, low_nibbles);                          // weights 4v..4v+3
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low_nibbles);  // weights 4v+16..
+      for (int r = 0; r < R; ++r) {  // row r's activations 4v..4v+3 and 4v+16..4v+19, in every 32-bit lane
+        const int8_t* q = x.q.data() + (row + r) * width + g * kGroup + 4 * v;
+        const __m256i first = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q)));
+        const __m256i second = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 16)));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, first),
+                                                             _mm256_maddubs_epi16(high, second)));
+      }
+    }
+    const __m256 scales = eight_values(p + kScales, Scale());
+    const __m256 offsets = eight_values(p + kOffsets, Scale());
     for (int r = 0; r < R; ++r) {
-      const int8_t* q = x.q.data() + (row + r) * width + g * kGroup;
-      const __m256i first_half = halves_of(q), second_half = halves_of(q + 16);
-      // unsigned 0..15 x signed: no saturation; two sums of pairs add up to at most 4 * 15 * 128 in an int16
-      const __m256i sums01 = _mm256_add_epi16(_mm256_maddubs_epi16(low01, first_half),
-                                              _mm256_maddubs_epi16(high01, second_half));
-      const __m256i sums23 = _mm256_add_epi16(_mm256_maddubs_epi16(low23, first_half),
-                                              _mm256_maddubs_epi16(high23, second_half));
-      const __m256 dots01 = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums01, ones));
-      const __m256 dots23 = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums23, ones));
       const int64_t at = (row + r) * groups + g;
-      const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(weight_scales, _mm_set1_ps(x.scale[at])));
-      acc01[r] = _mm256_fmadd_ps(dots01, _mm256_permutevar8x32_ps(scales, first_two), acc01[r]);
-      acc23[r] = _mm256_fmadd_ps(dots23, _mm256_permutevar8x32_ps(scales, last_two), acc23[r]);
-      offset_acc[r] = _mm_fmadd_ps(weight_offsets, _mm_set1_ps(x.sum[at]), offset_acc[r]);
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));  // lane c: column c, exact
+      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float offsets[kTile];
-    _mm_storeu_ps(offsets, offset_acc[r]);
-    out[r][0] = quarter_sum(_mm256_castps256_ps128(acc01[r])) + offsets[0];
-    out[r][1] = quarter_sum(_mm256_extractf128_ps(acc01[r], 1)) + offsets[1];
-    out[r][2] = quarter_sum(_mm256_castps256_ps128(acc23[r])) + offsets[2];
-    out[r][3] = quarter_sum(_mm256_extractf128_ps(acc23[r], 1)) + offsets[3];
-  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 
 inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 lanes; both signed, |values| <= 127
@@ -299,25 +303,26 @@ void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, in
 
 template <typename Scale>
 template <int R>
-void FourBitTiles<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
+  const int64_t width = groups * kGroup;
   for (int r = 0; r < R; ++r) {
-    const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
-    for (int c = 0; c < kTile; ++c) {
-      float total = 0.0f, offset_total = 0.0f;
+    const int8_t* q = x.q.data() + (row + r) * width;
+    for (int c = 0; c < kColumns; ++c) {
+      float total = 0.0f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* p = packed + (t * groups + g) * kBytes;
-        const uint8_t* nibbles = p + c * 16;
-        const float scale = scale_at(p + kScales + sizeof(Scale) * c, Scale());
-        const float offset = scale_at(p + kOffsets + sizeof(Scale) * c, Scale());
+        const uint8_t* group = packed + (t * groups + g) * kBytes;
         int32_t dot = 0;
-        for (int64_t j = 0; j < 16; ++j) {
-          dot += static_cast<int32_t>(nibbles[j] & 0x0F) * q[g * kGroup + j];
-          dot += static_cast<int32_t>(nibbles[j] >> 4) * q[g * kGroup + j + 16];
+        for (int64_t i = 0; i < 16; ++i) {
+          const uint8_t byte = group[(i / 4) * 32 + c * 4 + i % 4];
+          dot += static_cast<int32_t>(byte & 0x0F) * q[g * kGroup + i] + static_cast<int32_t>(byte >> 4) * q[g * kGroup + i + 16];
         }
-        total += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
-        offset_total += offset * x.sum[(row + r) * groups + g];
+        const float scale = scale_at(group + kScales + sizeof(Scale) * c, Scale());
+        const float offset = scale_at(group + kOffsets + sizeof(Scale) * c, Scale());
+        const int64_t at = (row + r) * groups + g;
+        total = std::fma(static_cast<float>(dot), scale * x.scale[at], total);
+        total = std::fma(offset, x.sum[at], total);
       }
-      out[r][c] = total + offset_total;
+      out[r][c] = total;
     }
   }
 }
@@ -389,18 +394,20 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
-// Checks `packed` against x and N and returns its bytes per group-tile, one of `sizes` (which say the scales' form).
-int64_t check_tiles(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, std::initializer_list<int64_t> sizes) {
+// Checks `packed` against x and N (in tiles or panels of `columns`) and returns its bytes per group, one of `sizes`
+// (which say the scales' form).
+int64_t check_packed(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t columns,
+                     std::initializer_list<int64_t> sizes) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
-              "packed weights must be a contiguous uint8 [tiles, groups, bytes] tensor (kernels.pack_*)");
+              "packed weights must be a contiguous uint8 [tiles or panels, groups, bytes] tensor (kernels.pack_*)");
   std::string names;
   bool known = false;
   for (const int64_t size : sizes) {
     known = known || packed.size(2) == size;
     names += (names.empty() ? "" : size == *(sizes.end() - 1) ? " or " : ", ") + std::to_string(size);
   }
-  TORCH_CHECK(packed.size(0) == (outputs + kTile - 1) / kTile && packed.size(1) * kGroup == x.size(1) && known,
-              "packed weights must be [ceil(N / 4), K / 32, ", names, "]");
+  TORCH_CHECK(packed.size(0) == (outputs + columns - 1) / columns && packed.size(1) * kGroup == x.size(1) && known,
+              "packed weights must be [ceil(N / ", columns, "), K / 32, ", names, "]");
   return packed.size(2);
 }
 
@@ -410,16 +417,17 @@ at::Tensor product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
   return block_product<float>(x, tiles, outputs);
 }
 
-// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 80 or 96] (`kernels.pack_four_bit`):
+// x [M, K] float32 or bfloat16; packed [ceil(N / 8), K / 32, 160 or 192] (`kernels.pack_four_bit`):
 // weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype.
 at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
   const int64_t groups = x.size(1) / kGroup;
-  using Half = FourBitTiles<c10::Half>;
-  if (check_tiles(packed, x, outputs, {Half::kBytes, FourBitTiles<float>::kBytes}) == Half::kBytes) {
+  using Half = FourBitPanels<c10::Half>;
+  using Float = FourBitPanels<float>;
+  if (check_packed(packed, x, outputs, Half::kColumns, {Half::kBytes, Float::kBytes}) == Half::kBytes) {
     return product(x, Half{packed.data_ptr<uint8_t>(), groups}, outputs);
   }
-  return product(x, FourBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
+  return product(x, Float{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
 // x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 136, 144 or 160] (`kernels.pack_eight_bit`):
@@ -430,104 +438,11 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   const int64_t groups = x.size(1) / kGroup;
   using Half = EightBitTiles<c10::Half>;
   using Halves = EightBitTiles<float, true>;
-  const int64_t bytes = check_tiles(packed, x, outputs, {Half::kBytes, EightBitTiles<float>::kBytes, Halves::kBytes});
+  const int64_t bytes =
+      check_packed(packed, x, outputs, kTile, {Half::kBytes, EightBitTiles<float>::kBytes, Halves::kBytes});
   if (bytes == Half::kBytes) return product(x, Half{packed.data_ptr<uint8_t>(), groups}, outputs);
   if (bytes == Halves::kBytes) return product(x, Halves{packed.data_ptr<uint8_t>(), groups}, outputs);
   return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
-}
-
-// ---- prompt blocks of 4-bit weights: many rows against panels of 8 columns ----
-//
-// A prompt block brings up to 128 rows, and then the tiles' per-row work (each row's group products widened, scaled
-// and summed column by column) costs more than the weights' bytes. A panel instead holds 8 columns' weights unpacked
-// to one byte each (`kernels.pack_four_bit_panels`), ordered so that one unsigned-by-signed multiply-add takes 4
-// consecutive weights of all 8 columns against one row's 4 activations; a group's 8 such products sum in 16-bit
-// lanes (each at most 8 * 2 * 15 * 127 = 30480) and widen once, and each row's scales apply to all 8 columns in one
-// multiply-add. The same arithmetic as the tiles (int8 activations per group of 32, exact integer group products,
-// scaled and summed in float32 in group order), summed differently (one lane per column, offsets in the same sum),
-// so its bits differ from `four_bit_matmul`'s: prompt blocks always come here, verification rows never do. Every
-// output element is still computed by one thread with the same instructions whatever the row count.
-//   panel group (320 bytes): 8 quads of 32 bytes (quad j: weights 4j..4j+3 of column 0, then of column 1, ... 7),
-//   then the 8 columns' float32 scales, then their float32 offsets
-struct FourBitPanels {
-  static constexpr int64_t kColumns = 8, kRows = 4;     // columns of a panel, rows of a pass
-  static constexpr int64_t kScales = kGroup * kColumns;  // byte offset of the scales in a panel group
-  static constexpr int64_t kBytes = kScales + 2 * kColumns * 4;  // 320
-  const uint8_t* packed;                                 // [panels, groups, kBytes]
-  int64_t groups;
-  template <int R>
-  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
-};
-
-#ifdef QUICKDRAFT_AVX2
-
-template <int R>
-void FourBitPanels::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
-  const uint8_t* p = packed + t * groups * kBytes;
-  const int64_t width = groups * kGroup;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];  // lane c: column c
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g, p += kBytes) {
-    __m256i sums[R];  // int16 lanes 2c, 2c + 1: column c
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int64_t j = 0; j < kGroup / 4; ++j) {
-      const __m256i weights = load32(p + 32 * j);
-      for (int r = 0; r < R; ++r) {  // row r's activations 4j..4j+3 in every 32-bit lane
-        const float* quad = reinterpret_cast<const float*>(x.q.data() + (row + r) * width + g * kGroup + 4 * j);
-        const __m256i activations = _mm256_castps_si256(_mm256_broadcast_ss(quad));
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(weights, activations));
-      }
-    }
-    const __m256 scales = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kScales));
-    const __m256 offsets = _mm256_loadu_ps(reinterpret_cast<const float*>(p + kScales + 32));
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (row + r) * groups + g;
-      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));  // lane c: column c, exact
-      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);
-      acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
-}
-
-#else  // portable fallback: the same sums, in one lane
-
-template <int R>
-void FourBitPanels::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
-  const int64_t width = groups * kGroup;
-  for (int r = 0; r < R; ++r) {
-    const int8_t* q = x.q.data() + (row + r) * width;
-    for (int c = 0; c < kColumns; ++c) {
-      float total = 0.0f;
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* group = packed + (t * groups + g) * kBytes;
-        int32_t dot = 0;
-        for (int64_t i = 0; i < kGroup; ++i) dot += static_cast<int32_t>(group[(i / 4) * 32 + c * 4 + i % 4]) * q[g * kGroup + i];
-        const float scale = scale_at(group + kScales + 4 * c, 0.0f);
-        const float offset = scale_at(group + kScales + 32 + 4 * c, 0.0f);
-        const int64_t at = (row + r) * groups + g;
-        total = std::fma(static_cast<float>(dot), scale * x.scale[at], total);
-        total = std::fma(offset, x.sum[at], total);
-      }
-      out[r][c] = total;
-    }
-  }
-}
-
-#endif
-
-// x [M, K] float32 or bfloat16; panels [ceil(N / 8), K / 32, 320] (`kernels.pack_four_bit_panels`):
-// weight = nibble * scale + offset. Returns x @ weight.T [M, N] in x's dtype (a prompt block's product).
-at::Tensor four_bit_panel_matmul(at::Tensor x, at::Tensor panels, int64_t outputs) {
-  check_activations(x);
-  TORCH_CHECK(panels.scalar_type() == at::kByte && panels.is_contiguous() && panels.dim() == 3,
-              "panels must be a contiguous uint8 [panels, groups, bytes] tensor (kernels.pack_four_bit_panels)");
-  using Panels = FourBitPanels;
-  TORCH_CHECK(panels.size(0) == (outputs + Panels::kColumns - 1) / Panels::kColumns &&
-              panels.size(1) * kGroup == x.size(1) && panels.size(2) == Panels::kBytes,
-              "panels must be [ceil(N / 8), K / 32, 320]");
-  return product(x, Panels{panels.data_ptr<uint8_t>(), x.size(1) / kGroup}, outputs);
 }
 
 // ---- attention of single queries over a cache, each (query, key head) on its own ----
@@ -859,7 +774,6 @@ at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> weight, double eps) 
 TORCH_LIBRARY(quickdraft, m) {
   m.def("four_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
   m.def("eight_bit_matmul(Tensor x, Tensor packed, int outputs) -> Tensor");
-  m.def("four_bit_panel_matmul(Tensor x, Tensor panels, int outputs) -> Tensor");
   m.def("attend(Tensor queries, Tensor[] keys, Tensor[] values, Tensor sequence, Tensor begin, Tensor end, "
         "float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
@@ -870,7 +784,6 @@ TORCH_LIBRARY(quickdraft, m) {
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("four_bit_matmul", &quickdraft::four_bit_matmul);
   m.impl("eight_bit_matmul", &quickdraft::eight_bit_matmul);
-  m.impl("four_bit_panel_matmul", &quickdraft::four_bit_panel_matmul);
   m.impl("attend", &quickdraft::attend);
   m.impl("rms_norm", &quickdraft::rms_norm);
   m.impl("rope", &quickdraft::rope);
