@@ -166,9 +166,16 @@ MUTANTS = [
     Mutant(
         "attention-row-reads-the-first-rows-sequence",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[row];",
-        "const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[0];",
+        "const int64_t kv = item % kv_heads, s = sequence[row0], n = count * group;",
+        "const int64_t kv = item % kv_heads, s = sequence[0], n = count * group;",
         ("tests/test_batch_runtime.py", "-k", "equal_each_sequence_alone"),
+    ),
+    Mutant(
+        "attention-row-weighs-its-block-neighbours-positions",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "const int64_t first = std::max(t, begin[j]), last = std::min(t + kKeyBlock, end[j]);",
+        "const int64_t first = std::max(t, begin[0]), last = std::min(t + kKeyBlock, end[j]);",
+        ("tests/test_kernels.py", "-k", "attention"),
     ),
     Mutant(
         "prefill-shortest-first-without-aging",

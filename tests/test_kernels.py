@@ -218,6 +218,44 @@ def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_r
         attend(queries[:1], keys, values, sequence[:1], torch.tensor([5]), torch.tensor([5]), 0.125)
 
 
+@pytest.mark.parametrize("head_dim", [64, 72, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_thread_count(dtype, head_dim):
+    """Consecutive rows of one sequence (a verification: consecutive positions, under a sliding window here, so
+    every row begins elsewhere) share the kernel's work items; each row must still get what it gets alone, with 1
+    or 2 threads (which change the items' sizes), and follow softmax attention."""
+    generator = torch.Generator().manual_seed(9)
+    kv_heads, heads, capacity, window = 2, 4, 120, 37
+    keys = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
+    values = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
+    starts, counts = (60, 91), (7, 5)  # sequence s: rows at positions starts[s] .. starts[s] + counts[s] - 1
+    positions = [p for s in range(2) for p in range(starts[s], starts[s] + counts[s])]
+    sequence = torch.tensor([s for s in range(2) for _ in range(counts[s])])
+    end = torch.tensor([p + 1 for p in positions])
+    begin = torch.tensor([max(0, p + 1 - window) for p in positions])
+    rows = len(positions)
+    queries = torch.randn(rows, heads, head_dim, generator=generator).to(dtype)
+    expected = reference_attention(queries, keys, values, sequence, begin, end, 0.1)
+    alone = torch.cat(
+        [
+            attend(queries[r : r + 1], keys, values, sequence[r : r + 1], begin[r : r + 1], end[r : r + 1], 0.1)
+            for r in range(rows)
+        ]
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    assert torch.allclose(alone.double(), expected, rtol=tolerance, atol=tolerance)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            assert torch.equal(attend(queries, keys, values, sequence, begin, end, 0.1), alone)
+            first = slice(0, counts[0])
+            together = attend(queries[first], keys, values, sequence[first], begin[first], end[first], 0.1)
+            assert torch.equal(together, alone[first])
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_rows_follow_torch_and_never_depend_on_the_other_rows(dtype):
     generator = torch.Generator().manual_seed(6)

@@ -16,11 +16,13 @@
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -445,7 +447,18 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
-// ---- attention of single queries over a cache, each (query, key head) on its own ----
+// ---- attention of query rows over a cache ----
+//
+// A work item is one key head of a block of consecutive rows of one sequence (a verification's rows, or a decode
+// row): its queries (the block's rows times the query heads that share the key head) read the cache 8 positions
+// at a time, widened to float32 once for all of them, and each query computes from them exactly what it would
+// alone: its score per position (products over head_dim in 8 lanes, in order, then a fixed reduction of the
+// lanes), its softmax over its own positions, and its weighted sum of the values in position order. A row's
+// result depends only on its own query and positions: not on the rows sharing its block, the block size or the
+// thread count.
+
+constexpr int64_t kKeyBlock = 8;   // cache positions widened and scored together
+constexpr int64_t kQueryRows = 4;  // rows of one sequence in a work item, at most
 
 #ifdef QUICKDRAFT_AVX2
 
@@ -467,73 +480,173 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
-// out[hd] = softmax(q . keys) . values for one query head (q already scaled), keys and values [L, hd] rows
-// `stride` apart; scores [L] is scratch. head_dim a multiple of 8.
+// rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count.
 template <typename T>
-void attend_one(const float* q, const T* keys, const T* values, int64_t length, int64_t stride, int64_t head_dim,
-                float* scores, float* out) {
-  float top = -INFINITY;
-  for (int64_t t = 0; t < length; ++t) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < head_dim; i += 8) acc = _mm256_fmadd_ps(load8(q + i), load8(keys + t * stride + i), acc);
-    scores[t] = lanes_sum(acc);
-    top = std::fmax(top, scores[t]);
+void widen_block(const T* from, int64_t stride, int64_t count, int64_t head_dim, float* to) {
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    for (int64_t i = 0; i < head_dim; i += 8) {
+      _mm256_storeu_ps(to + j * head_dim + i, j < count ? load8(from + j * stride + i) : _mm256_setzero_ps());
+    }
   }
-  __m256 total8 = _mm256_setzero_ps();
+}
+
+// The scores of one query (float32 [head_dim], scaled) against a widened block of 8 positions -> out[8]: per
+// position, 8 lanes of products summed over head_dim in order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+inline void score_block(const float* q, const float* keys, int64_t head_dim, float* out) {
+  __m256 acc[kKeyBlock];
+  for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < head_dim; i += 8) {
+    const __m256 part = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm256_fmadd_ps(part, _mm256_loadu_ps(keys + j * head_dim + i), acc[j]);
+  }
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31)));
+}
+
+// scores [L] -> their softmax numerators e^(score - max), in place; returns their sum (8 lanes in position order,
+// then the lanes, then the last few positions one by one).
+inline float softmax_numerators(float* scores, int64_t length) {
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
   int64_t t = 0;
-  for (; t + 8 <= length; t += 8) {
+  for (; t + 8 <= length; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + t));
+  const __m128 half = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+  const __m128 pairs = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  float top = _mm_cvtss_f32(_mm_max_ss(pairs, _mm_movehdup_ps(pairs)));
+  for (; t < length; ++t) top = std::max(top, scores[t]);
+  __m256 total8 = _mm256_setzero_ps();
+  for (t = 0; t + 8 <= length; t += 8) {
     const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
     _mm256_storeu_ps(scores + t, e);
     total8 = _mm256_add_ps(total8, e);
   }
   float total = lanes_sum(total8);
-  if (t < length) {  // the last few scores, padded with e^-inf = 0 (their lanes are then dropped)
-    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = t; i < length; ++i) tail[i - t] = scores[i] - top;
-    for (int64_t i = length - t; i < 8; ++i) tail[i] = -87.0f;
-    const __m256 e = exp_nonpositive(_mm256_loadu_ps(tail));
+  if (t < length) {  // the last few scores, padded (their lanes are then dropped)
+    float tail[8];
+    for (int64_t i = 0; i < 8; ++i) tail[i] = t + i < length ? scores[t + i] - top : -87.0f;
     float tail_exp[8];
-    _mm256_storeu_ps(tail_exp, e);
+    _mm256_storeu_ps(tail_exp, exp_nonpositive(_mm256_loadu_ps(tail)));
     for (int64_t i = t; i < length; ++i) {
       scores[i] = tail_exp[i - t];
       total += tail_exp[i - t];
     }
   }
-  const float inverse = 1.0f / total;
-  for (int64_t i = 0; i < head_dim; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t u = 0; u < length; ++u) {
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[u]), load8(values + u * stride + i), acc);
-    }
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(inverse)));
+  return total;
+}
+
+// sums [8 V] += weights[u] * values[u] for u = 0..count-1 in order (values widened, rows head_dim apart).
+template <int V>
+inline void weigh_lanes(const float* weights, const float* values, int64_t count, int64_t head_dim, float* sums) {
+  __m256 acc[V];
+  for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(sums + 8 * i);
+  for (int64_t u = 0; u < count; ++u) {
+    const __m256 w = _mm256_set1_ps(weights[u]);
+    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + u * head_dim + 8 * i), acc[i]);
+  }
+  for (int i = 0; i < V; ++i) _mm256_storeu_ps(sums + 8 * i, acc[i]);
+}
+
+// sums [head_dim] += weights[u] * values[u] for u = 0..count-1 in order, 64 lanes at a time (every lane the same
+// multiply-adds whichever pass it falls in).
+inline void weigh_values(const float* weights, const float* values, int64_t count, int64_t head_dim, float* sums) {
+  int64_t d = 0;
+  for (; d + 64 <= head_dim; d += 64) weigh_lanes<8>(weights, values + d, count, head_dim, sums + d);
+  switch ((head_dim - d) / 8) {
+    case 7: return weigh_lanes<7>(weights, values + d, count, head_dim, sums + d);
+    case 6: return weigh_lanes<6>(weights, values + d, count, head_dim, sums + d);
+    case 5: return weigh_lanes<5>(weights, values + d, count, head_dim, sums + d);
+    case 4: return weigh_lanes<4>(weights, values + d, count, head_dim, sums + d);
+    case 3: return weigh_lanes<3>(weights, values + d, count, head_dim, sums + d);
+    case 2: return weigh_lanes<2>(weights, values + d, count, head_dim, sums + d);
+    case 1: return weigh_lanes<1>(weights, values + d, count, head_dim, sums + d);
+    default: return;
   }
 }
 
-#else
+// One work item: queries [Q, head_dim] (float32, scaled), query j reading positions begin[j]..end[j]-1 of keys
+// and values ([capacity, head_dim] rows `stride` apart) -> out [Q, head_dim] float32. scratch: reused buffers.
+template <typename T>
+void attend_item(const float* queries, int64_t count, const int64_t* begin, const int64_t* end, const T* keys,
+                 const T* values, int64_t stride, int64_t head_dim, std::vector<float>& scratch, float* out) {
+  int64_t low = begin[0], high = end[0];
+  for (int64_t j = 1; j < count; ++j) {
+    low = std::min(low, begin[j]);
+    high = std::max(high, end[j]);
+  }
+  const int64_t span = (high - low + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+  scratch.resize(count * span + kKeyBlock * head_dim);
+  float* scores = scratch.data();  // [Q, span]: query j's score of position low + t at j * span + t
+  float* block = scores + count * span;  // [kKeyBlock, head_dim]
+  for (int64_t t = low; t < high; t += kKeyBlock) {
+    widen_block(keys + t * stride, stride, std::min(kKeyBlock, high - t), head_dim, block);
+    for (int64_t j = 0; j < count; ++j) score_block(queries + j * head_dim, block, head_dim, scores + j * span + t - low);
+  }
+  std::vector<float> totals(count);
+  for (int64_t j = 0; j < count; ++j) totals[j] = softmax_numerators(scores + j * span + begin[j] - low, end[j] - begin[j]);
+  std::fill(out, out + count * head_dim, 0.0f);
+  for (int64_t t = low; t < high; t += kKeyBlock) {
+    widen_block(values + t * stride, stride, std::min(kKeyBlock, high - t), head_dim, block);
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t first = std::max(t, begin[j]), last = std::min(t + kKeyBlock, end[j]);
+      if (first < last) {
+        weigh_values(scores + j * span + first - low, block + (first - t) * head_dim, last - first, head_dim, out + j * head_dim);
+      }
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const __m256 inverse = _mm256_set1_ps(1.0f / totals[j]);
+    for (int64_t i = 0; i < head_dim; i += 8) {
+      _mm256_storeu_ps(out + j * head_dim + i, _mm256_mul_ps(_mm256_loadu_ps(out + j * head_dim + i), inverse));
+    }
+  }
+}
+
+#else  // portable fallback: each query on its own, in one lane
 
 template <typename T>
-void attend_one(const float* q, const T* keys, const T* values, int64_t length, int64_t stride, int64_t head_dim,
-                float* scores, float* out) {
-  float top = -INFINITY;
-  for (int64_t t = 0; t < length; ++t) {
-    float dot = 0.0f;
-    for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * to_float(keys[t * stride + i]);
-    scores[t] = dot;
-    top = std::fmax(top, dot);
-  }
-  float total = 0.0f;
-  for (int64_t t = 0; t < length; ++t) {
-    scores[t] = std::exp(scores[t] - top);
-    total += scores[t];
-  }
-  for (int64_t i = 0; i < head_dim; ++i) {
-    float acc = 0.0f;
-    for (int64_t u = 0; u < length; ++u) acc += scores[u] * to_float(values[u * stride + i]);
-    out[i] = acc / total;
+void attend_item(const float* queries, int64_t count, const int64_t* begin, const int64_t* end, const T* keys,
+                 const T* values, int64_t stride, int64_t head_dim, std::vector<float>& scratch, float* out) {
+  for (int64_t j = 0; j < count; ++j) {
+    const float* q = queries + j * head_dim;
+    const int64_t length = end[j] - begin[j];
+    scratch.resize(length);
+    float top = -INFINITY;
+    for (int64_t t = 0; t < length; ++t) {
+      float dot = 0.0f;
+      for (int64_t i = 0; i < head_dim; ++i) dot += q[i] * to_float(keys[(begin[j] + t) * stride + i]);
+      scratch[t] = dot;
+      top = std::fmax(top, dot);
+    }
+    float total = 0.0f;
+    for (int64_t t = 0; t < length; ++t) {
+      scratch[t] = std::exp(scratch[t] - top);
+      total += scratch[t];
+    }
+    for (int64_t i = 0; i < head_dim; ++i) {
+      float acc = 0.0f;
+      for (int64_t u = 0; u < length; ++u) acc += scratch[u] * to_float(values[(begin[j] + u) * stride + i]);
+      out[j * head_dim + i] = acc / total;
+    }
   }
 }
 
 #endif
+
+// Blocks of consecutive rows of one sequence, at most `kQueryRows` rows each, smaller where that would leave
+// fewer than two work items per thread: (first row, row count).
+std::vector<std::pair<int64_t, int64_t>> query_blocks(const int64_t* sequence, int64_t rows, int64_t kv_heads) {
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t most = kQueryRows;; most /= 2) {
+    blocks.clear();
+    for (int64_t r = 0; r < rows;) {
+      int64_t n = 1;
+      while (r + n < rows && n < most && sequence[r + n] == sequence[r]) ++n;
+      blocks.emplace_back(r, n);
+      r += n;
+    }
+    if (most == 1 || static_cast<int64_t>(blocks.size()) * kv_heads >= 2 * at::get_num_threads()) return blocks;
+  }
+}
 
 template <typename T>
 at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>& keys,
@@ -544,21 +657,35 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
   auto result = at::empty({rows, heads * head_dim}, queries.options());
   const T* q_all = queries.data_ptr<T>();
   T* out_all = result.data_ptr<T>();
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scores, q(head_dim), out(head_dim);
+  const auto blocks = query_blocks(sequence, rows, kv_heads);
+  at::parallel_for(0, static_cast<int64_t>(blocks.size()) * kv_heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> q, out, scratch;
+    std::vector<int64_t> q_begin, q_end;
     for (int64_t item = first; item < last; ++item) {
-      const int64_t row = item / kv_heads, kv = item % kv_heads, s = sequence[row];
-      const int64_t length = end[row] - begin[row], stride = keys[s].stride(1);
-      scores.resize(length);
-      const T* k = keys[s].data_ptr<T>() + kv * keys[s].stride(0) + begin[row] * stride;
-      const T* v = values[s].data_ptr<T>() + kv * values[s].stride(0) + begin[row] * stride;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t head = kv * group + g;
-        const T* q_row = q_all + (row * heads + head) * head_dim;
-        for (int64_t i = 0; i < head_dim; ++i) q[i] = to_float(q_row[i]) * static_cast<float>(scale);
-        attend_one(q.data(), k, v, length, stride, head_dim, scores.data(), out.data());
-        T* out_row = out_all + row * heads * head_dim + head * head_dim;
-        for (int64_t i = 0; i < head_dim; ++i) out_row[i] = static_cast<T>(out[i]);
+      const auto [row0, count] = blocks[item / kv_heads];
+      const int64_t kv = item % kv_heads, s = sequence[row0], n = count * group;
+      q.resize(n * head_dim);
+      out.resize(n * head_dim);
+      q_begin.resize(n);
+      q_end.resize(n);
+      for (int64_t r = 0; r < count; ++r) {  // query r * group + g: row row0 + r, head kv * group + g
+        for (int64_t g = 0; g < group; ++g) {
+          const T* q_row = q_all + ((row0 + r) * heads + kv * group + g) * head_dim;
+          float* to = q.data() + (r * group + g) * head_dim;
+          for (int64_t i = 0; i < head_dim; ++i) to[i] = to_float(q_row[i]) * static_cast<float>(scale);
+          q_begin[r * group + g] = begin[row0 + r];
+          q_end[r * group + g] = end[row0 + r];
+        }
+      }
+      const int64_t stride = keys[s].stride(1);
+      attend_item(q.data(), n, q_begin.data(), q_end.data(), keys[s].data_ptr<T>() + kv * keys[s].stride(0),
+                  values[s].data_ptr<T>() + kv * values[s].stride(0), stride, head_dim, scratch, out.data());
+      for (int64_t r = 0; r < count; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+          T* out_row = out_all + (row0 + r) * heads * head_dim + (kv * group + g) * head_dim;
+          const float* from = out.data() + (r * group + g) * head_dim;
+          for (int64_t i = 0; i < head_dim; ++i) out_row[i] = static_cast<T>(from[i]);
+        }
       }
     }
   });
