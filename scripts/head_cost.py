@@ -1,0 +1,34 @@
+"""c, what one drafting step of a draft head costs in one-token target forwards (medians, interleaved), as the
+head drafter runs it (its inference form, `drafters/head/quantize.py`); the number a head's card reports.
+
+    python scripts/head_cost.py --model smollm2-135m-instruct --threads 2
+    python scripts/head_cost.py --model smollm2-135m-instruct --head DIR --rounds 5
+"""
+
+import argparse
+
+import torch
+
+from quickdraft.distill.evaluation import cost_ratio
+from quickdraft.drafters.head.drafter import head_directory
+from quickdraft.drafters.head.files import load_head
+from quickdraft.drafters.head.quantize import quantize_head
+from quickdraft.models.loading import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or HF directory")
+    parser.add_argument("--head", default="", help="a head directory (default: the one shipped for the model)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of c, each printed")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = load_model(args.model)
+    head = quantize_head(load_head(head_directory(args.head, target.info.name), target))
+    for _ in range(args.rounds):
+        print(f"c = {cost_ratio(target, head):.3f}")
+
+
+if __name__ == "__main__":
+    main()
