@@ -218,14 +218,15 @@ def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_r
         attend(queries[:1], keys, values, sequence[:1], torch.tensor([5]), torch.tensor([5]), 0.125)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2])
 @pytest.mark.parametrize("head_dim", [64, 72, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_thread_count(dtype, head_dim):
+def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_thread_count(dtype, head_dim, kv_heads):
     """Consecutive rows of one sequence (a verification: consecutive positions, under a sliding window here, so
     every row begins elsewhere) share the kernel's work items; each row must still get what it gets alone, with 1
-    or 2 threads (which change the items' sizes), and follow softmax attention."""
+    or 2 threads (which change the items' sizes), over one key head or two, and follow softmax attention."""
     generator = torch.Generator().manual_seed(9)
-    kv_heads, heads, capacity, window = 2, 4, 120, 37
+    heads, capacity, window = 4, 120, 37
     keys = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
     values = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
     starts, counts = (60, 91), (7, 5)  # sequence s: rows at positions starts[s] .. starts[s] + counts[s] - 1
@@ -236,16 +237,17 @@ def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_threa
     rows = len(positions)
     queries = torch.randn(rows, heads, head_dim, generator=generator).to(dtype)
     expected = reference_attention(queries, keys, values, sequence, begin, end, 0.1)
-    alone = torch.cat(
-        [
-            attend(queries[r : r + 1], keys, values, sequence[r : r + 1], begin[r : r + 1], end[r : r + 1], 0.1)
-            for r in range(rows)
-        ]
-    )
-    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
-    assert torch.allclose(alone.double(), expected, rtol=tolerance, atol=tolerance)
     threads = torch.get_num_threads()
     try:
+        torch.set_num_threads(2)
+        alone = torch.cat(
+            [
+                attend(queries[r : r + 1], keys, values, sequence[r : r + 1], begin[r : r + 1], end[r : r + 1], 0.1)
+                for r in range(rows)
+            ]
+        )
+        tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+        assert torch.allclose(alone.double(), expected, rtol=tolerance, atol=tolerance)
         for count in (1, 2):
             torch.set_num_threads(count)
             assert torch.equal(attend(queries, keys, values, sequence, begin, end, 0.1), alone)
