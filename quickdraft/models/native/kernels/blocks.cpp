@@ -574,14 +574,14 @@ void attend_item(const float* queries, int64_t count, const int64_t* begin, cons
     high = std::max(high, end[j]);
   }
   const int64_t span = (high - low + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-  scratch.resize(count * span + kKeyBlock * head_dim);
+  scratch.resize(count * span + kKeyBlock * head_dim + count);
   float* scores = scratch.data();  // [Q, span]: query j's score of position low + t at j * span + t
   float* block = scores + count * span;  // [kKeyBlock, head_dim]
+  float* totals = block + kKeyBlock * head_dim;  // [Q]: each query's sum of softmax numerators
   for (int64_t t = low; t < high; t += kKeyBlock) {
     widen_block(keys + t * stride, stride, std::min(kKeyBlock, high - t), head_dim, block);
     for (int64_t j = 0; j < count; ++j) score_block(queries + j * head_dim, block, head_dim, scores + j * span + t - low);
   }
-  std::vector<float> totals(count);
   for (int64_t j = 0; j < count; ++j) totals[j] = softmax_numerators(scores + j * span + begin[j] - low, end[j] - begin[j]);
   std::fill(out, out + count * head_dim, 0.0f);
   for (int64_t t = low; t < high; t += kKeyBlock) {
