@@ -1,0 +1,81 @@
+"""What a batch of requests costs through the engine, per drafter: the whole run, its target forwards, and the rest
+(drafting, planning, verifying, bookkeeping) per step.
+
+    python scripts/engine_overhead.py --drafters default,ngram,none --requests 16 --rounds 2 --threads 2
+
+Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
+`--requests` slots, steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
+`--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
+row count") quotes it.
+"""
+
+import argparse
+import json
+import time
+
+from quickdraft.config import SamplingParams
+from quickdraft.engine import Engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or HF directory")
+    parser.add_argument("--drafters", default="default,ngram,none", help="comma list; default: the model's own")
+    parser.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl", help="Spec-Bench style JSONL")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    firsts = {}
+    with open(args.prompts) as lines:
+        for line in lines:
+            row = json.loads(line)
+            firsts.setdefault(row["category"], row["turns"][0])
+    prompts = [list(firsts.values())[i % len(firsts)] for i in range(args.requests)]
+    engines = {
+        name: Engine.from_names(
+            args.model, drafter=None if name == "default" else name, threads=args.threads, max_batch=args.requests
+        )
+        for name in args.drafters.split(",")
+    }
+    for engine in engines.values():
+        run(engine, prompts, args.max_tokens)  # warm-up: kernels, calibration, caches
+    for round_ in range(1, args.rounds + 1):
+        for name, engine in engines.items():
+            total, forwards, steps = run(engine, prompts, args.max_tokens)
+            print(
+                f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s, "
+                f"the rest {1e3 * (total - forwards) / steps:.1f} ms a step over {steps} steps"
+            )
+
+
+def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int]:
+    """(seconds of the whole run, seconds inside target forwards, steps)."""
+    for prompt in prompts:
+        engine.submit([{"role": "user", "content": prompt}], SamplingParams(max_new_tokens=max_tokens), chat=True)
+    batch = engine._batch
+    forward = batch.forward_batch
+    inside = 0.0
+
+    def timed(parts):
+        nonlocal inside
+        started = time.perf_counter()
+        try:
+            return forward(parts)
+        finally:
+            inside += time.perf_counter() - started
+
+    batch.forward_batch = timed
+    steps, started = 0, time.perf_counter()
+    try:
+        while engine.busy:
+            engine.step()
+            steps += 1
+    finally:
+        del batch.forward_batch  # the instance attribute: the method shows through again
+    return time.perf_counter() - started, inside, steps
+
+
+if __name__ == "__main__":
+    main()
