@@ -14,7 +14,9 @@ In a batch, one forward serves every running request, so a request prices its dr
 to the whole step (`BatchLoad`): with the others feeding R rows and expected to yield E' tokens, it
 takes the (d, k) with the largest (E' + E(d, k)) / (k * c_d + t(R + k + 1)). Alone (R = 0, E' = 0) this
 is the rule above; under load the extra rows of a draft cost the batch's marginal row price, so
-speculation backs off as the batch fills and comes back as it empties. This is the speedup of
+speculation backs off as the batch fills and comes back as it empties. Requests still reading their prompt
+count as decoding ones in the rate a draft must beat (`step_price`): a prompt chunk's seconds, which yield
+nothing now, would otherwise make any draft look worth its rows. This is the speedup of
 `docs/cost_model.md` with two refinements: acceptance by position instead of one rate (an n-gram proposal that
 starts right tends to stay right), and t(n) measured per size rather than assumed to grow (on CPU
 some sizes run faster kernels). A renewal-reward variant (maximise E - rho * T with rho the
@@ -76,12 +78,33 @@ class Choice:
 class BatchLoad:
     """The rest of a step's batch, as one request plans its part of it."""
 
-    rows: int = 0  # tokens the other sequences feed
-    sequences: int = 0  # other sequences in the forward
+    rows: int = 0  # tokens the other sequences feed (prompt chunks included)
+    sequences: int = 0  # other sequences in the forward (prefilling ones included)
     tokens: float = 0.0  # tokens the other sequences are expected to yield
+    prompt_rows: int = 0  # of `rows`, the prompt chunks' tokens
+    prompt_sequences: int = 0  # of `sequences`, the ones reading a prompt chunk
+    prefilling: int = 0  # running requests still reading their prompt, with a chunk in this step or not
 
 
 ALONE = BatchLoad()
+
+
+def step_price(target: TargetCost, load: BatchLoad, limit: int) -> tuple[list[float], float]:
+    """What one request's draft is priced against: ([limit + 1] the step's seconds when the request feeds 1, 2, ...
+    tokens, the tokens the rest of the step yields).
+
+    A prompt chunk is work the batch does whatever the decoding requests draft. It prices a draft's rows (the
+    step's marginal cost, t(rows + n) - t(rows + 1): behind a chunk, a batch is past its cheap sizes), but the
+    rate a draft must beat is that of the step in which every running request decodes: each prefilling one,
+    whether or not its chunk is in this step, feeds one row and yields one token. Otherwise a chunk's seconds,
+    yielding nothing, would make any draft look worth its rows, and the time a draft takes delays the prompts
+    that would soon decode too. Without prefilling requests this is (t(rows + n), load.tokens).
+    """
+    decoding_rows = load.rows - load.prompt_rows + load.prefilling
+    decoding_sequences = load.sequences - load.prompt_sequences + load.prefilling
+    base = target.seconds(decoding_rows + 1, decoding_sequences + 1)
+    with_prompts = [target.seconds(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]
+    return [base + seconds - with_prompts[0] for seconds in with_prompts], load.tokens + load.prefilling
 
 
 def estimate(option: DraftOption, k: int, target_seconds: Sequence[float], base_tokens: float = 0.0) -> Choice:
@@ -196,12 +219,11 @@ class AdaptiveController:
             return Plan(None, 0)
         self._context_length = len(context)
         lookups = {name: d.propose(context, limit) for name, d in self._drafters.items() if d.lookup_only}
-        step = self._memory.target.seconds
-        target_seconds = [step(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]  # [limit + 1]
+        target_seconds, base_tokens = step_price(self._memory.target, load, limit)  # [limit + 1], E'
         usable = [name for name in self._drafters if name not in lookups or len(lookups[name])]  # lookups that matched
         options = [self._option(name, lookups, limit) for name in usable]
-        choice = self._explore(choose(options, target_seconds, load.tokens), options, target_seconds, load.tokens)
-        return Plan(choice.drafter, choice.k, lookups, choice.tokens - load.tokens)
+        choice = self._explore(choose(options, target_seconds, base_tokens), options, target_seconds, base_tokens)
+        return Plan(choice.drafter, choice.k, lookups, choice.tokens - base_tokens)
 
     def observe(self, plan: Plan, draft: Draft, verdict: Verdict, draft_seconds: float) -> None:
         produced = verdict.tokens

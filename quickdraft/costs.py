@@ -11,20 +11,21 @@ Derived in `docs/cost_model.md`. For a step that drafts k tokens (so the target 
 and the speedup of drafting k tokens every step over plain decoding is E(k) / (k c + v(k)).
 `time_forwards` is the one timer of target forwards (calibration, `bench`, `bench-runtime`).
 
-`TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus
-n - 1 draft tokens, verification and rollback included), as `scale * shape[n]`; a batched step that
-feeds n rows for s sequences costs `scale * (shape[n] + (s - 1) * per_sequence)` (each sequence
-attends over its own cache). `calibrate_target` measures the shape once per engine (medians of
-repeated forwards of 1..max_tokens tokens after a short prefill; for a batch, sizes up to its most
-rows on a sparse grid, linear in between, and the per-sequence cost from a batch of 1-token
-sequences); every step then refines it from its own timing: a persistent change hitting
-every size (another process taking the CPU, a longer context) moves `scale`, a change at one
-size moves that size. Updates are exponential moving averages in log space with clipped
-residuals, so one stall cannot swing a decision, and the shape drifts back towards the
-calibrated one when a size is not observed: a size once timed slow (say during a stall) and then
-never chosen again cannot stay overpriced for ever. `DraftCost` is the same idea for a model
-drafter: seconds per drafted token, plus seconds per token of context it must catch up on when
-it has not drafted for a while (its cache then lags the committed text).
+`TargetCost` models t(n), the time of a target step that feeds n tokens (the pending token plus n - 1 draft
+tokens, verification and rollback included), as `scale * shape[n]`; a batched step that feeds n rows for s
+sequences costs `scale * (shape[n] + (s - 1) * per_sequence)` (each sequence attends over its own cache).
+`calibrate_target` measures the shape once per engine (medians of repeated forwards of 1..max_tokens tokens
+after a short prefill; for a batch, sizes up to its most rows on a sparse grid, linear in between, and the
+per-sequence cost from a batch of 1-token sequences); every step then refines it from its own timing: a
+persistent change hitting every size (another process taking the CPU, a longer context) moves `scale`, a
+change at one of the sizes timed one by one (1..max_tokens of the calibration) moves that size. The batch
+sizes past them are interpolated from a sparse grid and only `scale` moves them: refined one by one, a step's
+noise at the size it ran would make the next sizes look cheaper than it (a draft's rows for free). Updates are
+exponential moving averages in log space with clipped residuals, so one stall cannot swing a decision, and the
+shape drifts back towards the calibrated one when a size is not observed: a size once timed slow (say during a
+stall) and then never chosen again cannot stay overpriced for ever. `DraftCost` is the same idea for a model
+drafter: seconds per drafted token, plus seconds per token of context it must catch up on when it has not
+drafted for a while (its cache then lags the committed text).
 """
 
 import math
@@ -54,11 +55,12 @@ BATCH_GRID = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # rows timed past max_
 class TargetCost:
     """t(n): seconds of one target step that feeds n tokens (in s sequences: plus (s - 1) * per_sequence)."""
 
-    def __init__(self, seconds: Sequence[float], per_sequence: float = 0.0) -> None:
+    def __init__(self, seconds: Sequence[float], per_sequence: float = 0.0, refined_sizes: int | None = None) -> None:
         self._calibrated = list(seconds)  # [max_tokens]: t(1), t(2), ... as calibrated
         self._shape = list(seconds)  # [max_tokens]: as refined
         self._scale = 1.0
         self.per_sequence = per_sequence  # seconds each further sequence of a batched step adds, at scale 1
+        self._refined_sizes = len(self._shape) if refined_sizes is None else refined_sizes  # t(1..this) refined
 
     @property
     def max_tokens(self) -> int:
@@ -81,7 +83,7 @@ class TargetCost:
         ]
         residual = _clipped_log_ratio(seconds, self.seconds(tokens, sequences))
         self._scale *= math.exp(SCALE_RATE * residual)
-        if tokens <= self.max_tokens:
+        if tokens <= self._refined_sizes:
             self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
 
     def _shape_at(self, tokens: int) -> float:
@@ -183,7 +185,8 @@ def calibrate_target(runner: ModelRunner, max_tokens: int, max_batch: int = 1) -
     if max_batch == 1 or not isinstance(runner, BatchRunner):
         return TargetCost(shape)
     batch_seconds = _time_batch_of_single_tokens(runner, context, max_batch)
-    return TargetCost(shape, max(batch_seconds - shape[max_batch - 1], 0.0) / (max_batch - 1))
+    per_sequence = max(batch_seconds - shape[max_batch - 1], 0.0) / (max_batch - 1)
+    return TargetCost(shape, per_sequence, refined_sizes=max_tokens)
 
 
 def _interpolated(seconds: dict[int, float], max_rows: int) -> list[float]:

@@ -332,11 +332,11 @@ class Engine:
                 budget -= len(part.token_ids)
                 prefills.append((request, part))
         decoding = [r for r in self._running if not r.prefilling and not r.done]
-        rows = sum(len(part.token_ids) for _, part in prefills) + len(decoding)
-        sequences, tokens = len(prefills) + len(decoding), float(len(decoding))
+        prompt_rows = sum(len(part.token_ids) for _, part in prefills)
+        rows, sequences, tokens = prompt_rows + len(decoding), len(prefills) + len(decoding), float(len(decoding))
         decodes = []
         for request in decoding:
-            load = BatchLoad(rows=rows - 1, sequences=sequences - 1, tokens=tokens - 1)
+            load = BatchLoad(rows - 1, sequences - 1, tokens - 1, prompt_rows, len(prefills), len(prefilling))
             plan = self._guarded(request, lambda r=request, lo=load: r.plan(lo))
             if plan is None:
                 continue

@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.controller import ALONE, BatchLoad, ControllerMemory, DraftOption, choose
+from quickdraft.controller import ALONE, BatchLoad, DraftOption, choose, step_price
 from quickdraft.costs import TargetCost
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Failed, Finished, TextDelta
@@ -199,17 +199,35 @@ def test_a_transformers_target_runs_one_request_at_a_time(tiny_models):
 # --- speculation that knows the load ---
 
 
+COMPUTE_BOUND = TargetCost([0.010 + 0.0001 * n if n <= 4 else 0.010 + 0.0025 * (n - 4) for n in range(1, 257)])  # t(n)
+
+
 def test_a_draft_pays_alone_and_backs_off_in_a_full_batch():
     """Each fed row costs as much as another (a compute-bound batch): alone, verifying 3 more rows is nearly
     free; in a batch of 8 the same rows cost 3/8 more of the step, more than the draft is expected to add."""
-    rows = [0.010 + 0.0001 * n if n <= 4 else 0.010 + 0.0025 * (n - 4) for n in range(1, 65)]  # t(n), seconds
-    memory = ControllerMemory(TargetCost(rows))
     option = DraftOption("ngram", (0.6, 0.5, 0.4), 0.0)
-    alone = [memory.target.seconds(ALONE.rows + n) for n in range(1, 5)]
+    alone, _ = step_price(COMPUTE_BOUND, ALONE, 3)
+    assert alone == pytest.approx([COMPUTE_BOUND.seconds(n) for n in range(1, 5)])
     assert choose([option], alone).k == 3
-    load = BatchLoad(rows=7, sequences=7, tokens=7.0)
-    loaded = [memory.target.seconds(load.rows + n, load.sequences + 1) for n in range(1, 5)]
-    assert choose([option], loaded, load.tokens).k == 0
-    light = BatchLoad(rows=1, sequences=1, tokens=1.0)  # the load falls to two requests: drafting comes back
-    lighter = [memory.target.seconds(light.rows + n, light.sequences + 1) for n in range(1, 5)]
-    assert choose([option], lighter, light.tokens).k >= 2
+    loaded, tokens = step_price(COMPUTE_BOUND, BatchLoad(rows=7, sequences=7, tokens=7.0), 3)
+    assert choose([option], loaded, tokens).k == 0
+    lighter, tokens = step_price(COMPUTE_BOUND, BatchLoad(rows=1, sequences=1, tokens=1.0), 3)
+    assert choose([option], lighter, tokens).k >= 2  # the load falls to two requests: drafting comes back
+
+
+def test_a_prompt_chunk_in_the_step_does_not_make_a_draft_look_cheap():
+    """Seven requests decode and a 120-token prompt chunk shares their step. Priced against that step's own rate
+    (8 tokens over 130 rows), any draft would look worth its rows; priced against the step in which the
+    prefilling request decodes too (8 rows, 8 tokens), the draft is as unwelcome as in a full batch."""
+    option = DraftOption("ngram", (0.6, 0.5, 0.4), 0.0)
+    chunk = BatchLoad(rows=6 + 120, sequences=7, tokens=6.0, prompt_rows=120, prompt_sequences=1, prefilling=1)
+    seconds, tokens = step_price(COMPUTE_BOUND, chunk, 3)
+    assert tokens == 7.0
+    assert seconds[0] == pytest.approx(COMPUTE_BOUND.seconds(8, 8))  # the step as if every request decoded
+    assert seconds[3] - seconds[0] == pytest.approx(COMPUTE_BOUND.seconds(130, 8) - COMPUTE_BOUND.seconds(127, 8))
+    assert choose([option], seconds, tokens).k == 0
+    own_rate = [COMPUTE_BOUND.seconds(chunk.rows + n, chunk.sequences + 1) for n in range(1, 5)]
+    assert choose([option], own_rate, chunk.tokens).k == 3  # what the step's own rate would have chosen
+    waiting = replace(chunk, rows=6, sequences=6, prompt_rows=0, prompt_sequences=0, prefilling=2)
+    seconds, tokens = step_price(COMPUTE_BOUND, waiting, 3)  # two prompts wait for the budget: they count too
+    assert (seconds[0], tokens) == (pytest.approx(COMPUTE_BOUND.seconds(9, 9)), 8.0)

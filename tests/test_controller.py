@@ -133,6 +133,18 @@ def test_target_cost_keeps_each_size_and_its_scale_follows_load():
     assert cost.seconds(2) / cost.seconds(1) == pytest.approx(1.2, rel=0.05)  # and is forgotten once not seen again
 
 
+def test_target_cost_refines_only_the_sizes_timed_one_by_one():
+    """Past the sizes calibrated one by one, t(n) is a sparse grid's interpolation: a step's timing there moves
+    the scale only, so a slow step at 20 rows cannot make 21 rows look cheaper than 20 (a draft row for free)."""
+    cost = TargetCost([1.0 + n for n in range(32)], refined_sizes=4)
+    for _ in range(50):
+        cost.observe(20, 40.0)
+    assert cost.seconds(21) - cost.seconds(20) == pytest.approx(cost.scale)  # the grid's slope, scaled
+    assert cost.scale > 1.5
+    cost.observe(3, 100.0)  # a size timed one by one keeps its own refinement
+    assert cost.seconds(3) / cost.seconds(2) > 3.0 / 2.0
+
+
 def test_draft_cost_learns_the_cost_per_token_and_of_catching_up():
     cost = DraftCost(1.0)
     for _ in range(40):
