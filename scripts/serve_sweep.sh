@@ -4,7 +4,9 @@
 # `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
-# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default). Run it on an otherwise idle machine.
+# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), ROUNDS (1: quickdraft's two sweeps
+# alternate that many times on one server; the combined report then compares them round by round). Run it on an
+# otherwise idle machine.
 set -euo pipefail
 out=${1:?usage: scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]}
 llama_bin=${2:-}
@@ -15,6 +17,7 @@ prompts=${PROMPTS:-../shared/data/specbench_dev.jsonl}
 levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
 step_tokens=${STEP_TOKENS:-}
+rounds=${ROUNDS:-1}
 bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
 mkdir -p "$out"
 port=8123
@@ -38,10 +41,15 @@ sweep() {  # label, out dir, extra body
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 wait_healthy "$port"
-sweep "quickdraft, speculation" quickdraft-spec
-sweep "quickdraft, no speculation" quickdraft-plain '{"quickdraft": {"drafter": "none"}}'
+plain() { sweep "quickdraft, no speculation" "quickdraft-plain$suffix" '{"quickdraft": {"drafter": "none"}}'; }
+speculation() { sweep "quickdraft, speculation" "quickdraft-spec$suffix"; }
+runs=()  # no speculation first: the combined report's ratios are speculation's against it
+for round in $(seq 1 "$rounds"); do
+  suffix=$([ "$round" = 1 ] && echo "" || echo "-$round")
+  if [ $((round % 2)) = 1 ]; then speculation; plain; else plain; speculation; fi  # alternate which goes first
+  runs+=("$out/quickdraft-plain$suffix/results.json" "$out/quickdraft-spec$suffix/results.json")
+done
 kill "$server"; wait "$server" 2>/dev/null || true
-runs=("$out/quickdraft-spec/results.json" "$out/quickdraft-plain/results.json")
 
 if [ -n "$llama_bin" ]; then
   gguf=$("$bin/python" -c "from quickdraft.models.registry import BUILTIN_MODELS; from quickdraft.models.store import cache_dir; print(cache_dir() / 'gguf' / BUILTIN_MODELS['$model'].gguf_filename)")

@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
@@ -239,6 +240,34 @@ def test_combine_puts_runs_side_by_side(runs, tmp_path):
     assert first_row.count("x)") == 2 and "(1.00x)" in first_row.split("|")[2]  # the first run against itself
     assert "Identical to the run's first level" in report
     assert_plots_drawn(tmp_path)
+
+
+def test_combine_compares_rounds_round_by_round(runs, tmp_path):
+    """Runs that share a label are rounds: each round of a configuration is compared with the first configuration's
+    same round, and the table gives the median and range of those ratios."""
+    speculation, none = (str(runs[name][0] / "results.json") for name in ("speculation", "none"))
+    code, stdout, stderr = quickdraft(
+        "bench-serve", "--combine", speculation, none, speculation, none, "--out", str(tmp_path)
+    )
+    assert code == 0, stderr
+    report = (tmp_path / "report.md").read_text()
+    label = json.loads(Path(speculation).read_text())["label"]
+    assert f"| concurrency | {label} (2 rounds) | no drafter (2 rounds) |" in report
+    speeds = {
+        name: {
+            s["concurrency"]: s["output_tokens_per_second"]
+            for s in json.loads(Path(path).read_text())["summary"]["levels"]
+        }
+        for name, path in (("speculation", speculation), ("none", none))
+    }
+    rounds = report[report.index("## Over rounds") :].split("\n\n")[1]
+    for concurrency in (1, 2):
+        ratio = speeds["none"][concurrency] / speeds["speculation"][concurrency]
+        row = next(line for line in rounds.splitlines() if line.startswith(f"| {concurrency} |"))
+        assert f"{speeds['speculation'][concurrency]:.1f} (1.00x, 1.00-1.00x)" in row
+        assert f"{speeds['none'][concurrency]:.1f} ({ratio:.2f}x, {ratio:.2f}-{ratio:.2f}x)" in row
+    single = quickdraft("bench-serve", "--combine", speculation, none, "--out", str(tmp_path / "single"))
+    assert "## Over rounds" not in (tmp_path / "single" / "report.md").read_text(), single[2]  # no repeated label
 
 
 def one_line_error(args: list[str]) -> str:

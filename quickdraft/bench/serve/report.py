@@ -5,6 +5,8 @@ latency in seconds; "-" marks a figure no successful request gave.
 """
 
 import json
+import re
+import statistics
 from collections.abc import Callable
 
 from quickdraft.bench.serve.summary import LevelSummary, level_summaries
@@ -61,6 +63,7 @@ def render_combined(runs: list[dict]) -> str:
         f"# bench-serve: {len(runs)} runs side by side",
         _runs_table(runs),
         "## Aggregate output tokens/s (ratio to the first run)\n\n" + throughput_ratio_table(runs),
+        *([ROUNDS_TITLE + "\n\n" + rounds_table(runs)] if any(len(g) > 1 for g in _rounds(runs).values()) else []),
         *(f"## {title}\n\n" + _metric_table(runs, cell) for title, cell in COMBINED_METRICS.items()),
         DEFINITIONS,
         _plots_section(),
@@ -78,6 +81,43 @@ def throughput_ratio_table(runs: list[dict]) -> str:
         return f"{summary.output_tokens_per_second:.1f}{ratio}"
 
     return _metric_table(runs, cell)
+
+
+ROUNDS_TITLE = (
+    "## Over rounds: median aggregate tokens/s (median and range of each round's ratio to the first run's same round)"
+)
+
+
+def rounds_table(runs: list[dict]) -> str:
+    """Runs that share a label are rounds of one configuration (`read_runs` numbers repeats " #2", " #3"); one
+    column per configuration. A round is compared with the same round of the first configuration, so drift between
+    rounds on a noisy machine cancels out of the ratios."""
+    groups = list(_rounds(runs).values())  # [configurations][rounds]: runs
+    by_round = [[{s.concurrency: s.output_tokens_per_second for s in level_summaries(r)} for r in g] for g in groups]
+    levels = sorted({concurrency for rounds in by_round for run in rounds for concurrency in run})
+    header = "| concurrency | " + " | ".join(f"{g[0]['label']} ({len(g)} rounds)" for g in groups) + " |"
+    rows = [header, "|---:" * (len(groups) + 1) + "|"]
+    for concurrency in levels:
+        cells = []
+        for rounds in by_round:
+            speeds = [run[concurrency] for run in rounds if concurrency in run]
+            ratios = [
+                run[concurrency] / first[concurrency]
+                for run, first in zip(rounds, by_round[0])
+                if concurrency in run and first.get(concurrency)
+            ]
+            ratio = f" ({statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x)" if ratios else ""
+            cells.append(f"{statistics.median(speeds):.1f}{ratio}" if speeds else "-")
+        rows.append(f"| {concurrency} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _rounds(runs: list[dict]) -> dict[str, list[dict]]:
+    """The runs by label, the " #n" that `read_runs` gives a repeated label taken off; in order of appearance."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(re.sub(r" #\d+$", "", run["label"]), []).append(run)
+    return groups
 
 
 def _latency_table(summaries: list[LevelSummary]) -> str:
