@@ -36,7 +36,6 @@ from quickdraft.config import DEFAULT_MODEL, EngineConfig, SamplingParams, SpecC
 from quickdraft.controller import AdaptiveController, BatchLoad, Controller, ControllerMemory, FixedController
 from quickdraft.costs import calibrate_drafter, calibrate_target
 from quickdraft.drafters.base import Drafter, DrafterLoadOptions
-from quickdraft.drafters.defaults import default_drafter
 from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import SequenceOutput, SequenceStep
@@ -116,16 +115,14 @@ class Engine:
         max_batch: int = 1,
         step_tokens: int = DEFAULT_STEP_TOKENS,
     ) -> "Engine":
-        """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: `default_drafter` for
-        the target), and calibrate costs for k="auto"."""
+        """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: n-gram lookup), and
+        calibrate costs for k="auto"."""
         spec = SpecConfig(drafter=drafter or "ngram", k=k, k_max=k_max)  # checked before the slow load
         for name in spec.drafters:
             check_name(name)
         if config.threads:
             torch.set_num_threads(config.threads)
         target = load_model(config.model, runtime=config.runtime, dtype=config.dtype, device=config.device)
-        if drafter is None:
-            spec = replace(spec, drafter=default_drafter(target, k))
         options = DrafterLoadOptions(runtime=config.runtime, dtype=config.dtype, device=config.device)
         engine = cls(target, spec, options, max_batch=max_batch, step_tokens=step_tokens)
         for name in spec.drafters:

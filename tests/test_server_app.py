@@ -179,7 +179,7 @@ def test_cancelling_a_running_job_stops_it_at_the_next_step():
 
 
 def test_a_request_with_a_fixed_k_on_a_server_with_several_drafters_drafts_with_the_first(tiny_models):
-    """The default on a model with a shipped head is ngram,head under auto; {"k": 2} alone then means ngram at k=2."""
+    """A server started with --drafter ngram,head (k auto): {"k": 2} alone then means ngram at k=2."""
     from quickdraft.drafters.head.drafter import HeadDrafter
     from tests.test_head import random_head
 

@@ -36,7 +36,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
             "none, ngram (prompt lookup; ngram:MAX or ngram:MIN-MAX for other suffix sizes than 1-4), "
             "head (the draft head shipped for the target), head:DIR (one from quickdraft distill), "
             "a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head "
-            "(default: ngram, joined under --k auto by the head shipped for the target if there is one)"
+            "(default: ngram)"
         ),
     )
     parser.add_argument(
