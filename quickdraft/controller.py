@@ -100,10 +100,12 @@ def step_price(target: TargetCost, load: BatchLoad, limit: int) -> tuple[list[fl
     yielding nothing, would make any draft look worth its rows, and the time a draft takes delays the prompts
     that would soon decode too. Without prefilling requests this is (t(rows + n), load.tokens).
     """
+    with_prompts = [target.seconds(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]
+    if not load.prefilling:
+        return with_prompts, load.tokens
     decoding_rows = load.rows - load.prompt_rows + load.prefilling
     decoding_sequences = load.sequences - load.prompt_sequences + load.prefilling
     base = target.seconds(decoding_rows + 1, decoding_sequences + 1)
-    with_prompts = [target.seconds(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]
     return [base + seconds - with_prompts[0] for seconds in with_prompts], load.tokens + load.prefilling
 
 

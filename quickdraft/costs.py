@@ -67,6 +67,11 @@ class TargetCost:
         return len(self._shape)
 
     @property
+    def refined_sizes(self) -> int:
+        """Steps over 1..refined_sizes tokens refine their own size; larger ones move only `scale`."""
+        return self._refined_sizes
+
+    @property
     def scale(self) -> float:
         """How much slower than at calibration the target runs now (every size alike)."""
         return self._scale
@@ -83,7 +88,7 @@ class TargetCost:
         ]
         residual = _clipped_log_ratio(seconds, self.seconds(tokens, sequences))
         self._scale *= math.exp(SCALE_RATE * residual)
-        if tokens <= self._refined_sizes:
+        if tokens <= self.refined_sizes:
             self._shape[tokens - 1] *= math.exp(SHAPE_RATE * residual)
 
     def _shape_at(self, tokens: int) -> float:

@@ -333,7 +333,14 @@ class Engine:
         rows, sequences, tokens = prompt_rows + len(decoding), len(prefills) + len(decoding), float(len(decoding))
         decodes = []
         for request in decoding:
-            load = BatchLoad(rows - 1, sequences - 1, tokens - 1, prompt_rows, len(prefills), len(prefilling))
+            load = BatchLoad(
+                rows=rows - 1,
+                sequences=sequences - 1,
+                tokens=tokens - 1,
+                prompt_rows=prompt_rows,
+                prompt_sequences=len(prefills),
+                prefilling=len(prefilling),
+            )
             plan = self._guarded(request, lambda r=request, lo=load: r.plan(lo))
             if plan is None:
                 continue

@@ -2,12 +2,12 @@
 (drafting, planning, verifying, bookkeeping) per step, and where the draft rows went (steps that also read a prompt
 chunk, or not).
 
-    python scripts/engine_overhead.py --drafters default,ngram,none --requests 16 --rounds 2 --threads 2
+    python scripts/engine_overhead.py --drafters ngram+head,ngram,none --requests 16 --rounds 2 --threads 2
 
 Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
 `--requests` slots, steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
 `--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
-row count") quotes it.
+row count", "Speculation under load") quotes it.
 """
 
 import argparse
@@ -21,7 +21,9 @@ from quickdraft.engine import Engine
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in name or HF directory")
-    parser.add_argument("--drafters", default="default,ngram,none", help="comma list; default: the model's own")
+    parser.add_argument(
+        "--drafters", default="ngram,none", help="comma list; several drafters joined by + for k auto (ngram+head)"
+    )
     parser.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl", help="Spec-Bench style JSONL")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -36,7 +38,7 @@ def main() -> None:
     prompts = [list(firsts.values())[i % len(firsts)] for i in range(args.requests)]
     engines = {
         name: Engine.from_names(
-            args.model, drafter=None if name == "default" else name, threads=args.threads, max_batch=args.requests
+            args.model, drafter=name.replace("+", ","), threads=args.threads, max_batch=args.requests
         )
         for name in args.drafters.split(",")
     }

@@ -18,6 +18,7 @@ levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
 step_tokens=${STEP_TOKENS:-}
 rounds=${ROUNDS:-1}
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
 bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
 mkdir -p "$out"
 port=8123

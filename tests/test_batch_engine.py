@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chisquare
 
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.controller import ALONE, BatchLoad, DraftOption, choose, step_price
+from quickdraft.controller import ALONE, AdaptiveController, BatchLoad, DraftOption, choose, step_price
 from quickdraft.costs import TargetCost
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Failed, Finished, TextDelta
@@ -199,7 +199,9 @@ def test_a_transformers_target_runs_one_request_at_a_time(tiny_models):
 # --- speculation that knows the load ---
 
 
-COMPUTE_BOUND = TargetCost([0.010 + 0.0001 * n if n <= 4 else 0.010 + 0.0025 * (n - 4) for n in range(1, 257)])  # t(n)
+COMPUTE_BOUND = TargetCost(  # t(n), and 1 ms for each further sequence
+    [0.010 + 0.0001 * n if n <= 4 else 0.010 + 0.0025 * (n - 4) for n in range(1, 257)], per_sequence=0.001
+)
 
 
 def test_a_draft_pays_alone_and_backs_off_in_a_full_batch():
@@ -231,3 +233,36 @@ def test_a_prompt_chunk_in_the_step_does_not_make_a_draft_look_cheap():
     waiting = replace(chunk, rows=6, sequences=6, prompt_rows=0, prompt_sequences=0, prefilling=2)
     seconds, tokens = step_price(COMPUTE_BOUND, waiting, 3)  # two prompts wait for the budget: they count too
     assert (seconds[0], tokens) == (pytest.approx(COMPUTE_BOUND.seconds(9, 9)), 8.0)
+
+
+def test_each_plan_sees_the_prompts_of_its_step_and_those_waiting_for_the_budget(tiny_dirs, monkeypatch):
+    """A 20-token prompt and two 300-token ones arrive together. The short one decodes from step 1, where one
+    long prompt reads a 128-token chunk and the other waits for the budget: its plan sees the chunk's rows and
+    both prefilling requests."""
+    loads = []
+    plan = AdaptiveController.plan
+
+    def recording(self, context, limit, load=ALONE):
+        loads.append(load)
+        return plan(self, context, limit, load)
+
+    monkeypatch.setattr(AdaptiveController, "plan", recording)
+    engine = Engine(
+        native_target(tiny_dirs, "llama-long", "float32"), SpecConfig("ngram"), max_batch=4, step_tokens=128
+    )
+    for prompt in (
+        [i % 50 + 5 for i in range(20)],
+        [i % 300 + 5 for i in range(300)],
+        [i % 200 + 7 for i in range(300)],
+    ):
+        engine.submit(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True))
+    engine.step()
+    assert loads == []  # every request reads its prompt
+    engine.step()
+    assert loads == [BatchLoad(rows=128, sequences=1, tokens=0.0, prompt_rows=128, prompt_sequences=1, prefilling=2)]
+
+
+def test_a_batch_engine_calibrates_its_batch_sizes_but_refines_only_those_timed_one_by_one(tiny_dirs):
+    engine = Engine(native_target(tiny_dirs, "llama-long", "float32"), SpecConfig("ngram", k_max=4), max_batch=4)
+    target = engine.calibrate().target
+    assert (target.max_tokens, target.refined_sizes) == (20, 5)  # t(1..20) timed or interpolated, 1..5 refined

@@ -244,30 +244,43 @@ def test_combine_puts_runs_side_by_side(runs, tmp_path):
 
 def test_combine_compares_rounds_round_by_round(runs, tmp_path):
     """Runs that share a label are rounds: each round of a configuration is compared with the first configuration's
-    same round, and the table gives the median and range of those ratios."""
-    speculation, none = (str(runs[name][0] / "results.json") for name in ("speculation", "none"))
-    code, stdout, stderr = quickdraft(
-        "bench-serve", "--combine", speculation, none, speculation, none, "--out", str(tmp_path)
-    )
+    same round, and the table gives the median and range of those ratios. Round 2 here is the same pair of runs made
+    2x (speculation) and 3x (none) as fast: its ratio is 1.5 times round 1's."""
+
+    def written(name: str, speedup: float, round_: int) -> str:
+        results = json.loads((runs[name][0] / "results.json").read_text())
+        for level in results["summary"]["levels"]:
+            level["output_tokens_per_second"] *= speedup
+        path = tmp_path / f"{name}-{round_}.json"
+        path.write_text(json.dumps(results))
+        return str(path)
+
+    files = [
+        written("speculation", 1.0, 1),
+        written("none", 1.0, 1),
+        written("speculation", 2.0, 2),
+        written("none", 3.0, 2),
+    ]
+    code, stdout, stderr = quickdraft("bench-serve", "--combine", *files, "--out", str(tmp_path / "out"))
     assert code == 0, stderr
-    report = (tmp_path / "report.md").read_text()
-    label = json.loads(Path(speculation).read_text())["label"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    label = json.loads(Path(files[0]).read_text())["label"]
     assert f"| concurrency | {label} (2 rounds) | no drafter (2 rounds) |" in report
-    speeds = {
-        name: {
-            s["concurrency"]: s["output_tokens_per_second"]
-            for s in json.loads(Path(path).read_text())["summary"]["levels"]
-        }
-        for name, path in (("speculation", speculation), ("none", none))
-    }
     rounds = report[report.index("## Over rounds") :].split("\n\n")[1]
-    for concurrency in (1, 2):
-        ratio = speeds["none"][concurrency] / speeds["speculation"][concurrency]
+    for level in json.loads(Path(files[0]).read_text())["summary"]["levels"]:
+        concurrency, speculation = level["concurrency"], level["output_tokens_per_second"]
+        none = next(
+            other["output_tokens_per_second"]
+            for other in json.loads(Path(files[1]).read_text())["summary"]["levels"]
+            if other["concurrency"] == concurrency
+        )
+        ratio = none / speculation
         row = next(line for line in rounds.splitlines() if line.startswith(f"| {concurrency} |"))
-        assert f"{speeds['speculation'][concurrency]:.1f} (1.00x, 1.00-1.00x)" in row
-        assert f"{speeds['none'][concurrency]:.1f} ({ratio:.2f}x, {ratio:.2f}-{ratio:.2f}x)" in row
-    single = quickdraft("bench-serve", "--combine", speculation, none, "--out", str(tmp_path / "single"))
-    assert "## Over rounds" not in (tmp_path / "single" / "report.md").read_text(), single[2]  # no repeated label
+        assert f"{1.5 * speculation:.1f} (1.00x, 1.00-1.00x)" in row  # the median of 1x and 2x
+        assert f"{2 * none:.1f} ({1.25 * ratio:.2f}x, {ratio:.2f}-{1.5 * ratio:.2f}x)" in row
+    code, _, stderr = quickdraft("bench-serve", "--combine", *files[:2], "--out", str(tmp_path / "single"))
+    assert code == 0, stderr
+    assert "## Over rounds" not in (tmp_path / "single" / "report.md").read_text()  # no label repeats
 
 
 def one_line_error(args: list[str]) -> str:

@@ -141,8 +141,10 @@ def test_target_cost_refines_only_the_sizes_timed_one_by_one():
         cost.observe(20, 40.0)
     assert cost.seconds(21) - cost.seconds(20) == pytest.approx(cost.scale)  # the grid's slope, scaled
     assert cost.scale > 1.5
-    cost.observe(3, 100.0)  # a size timed one by one keeps its own refinement
-    assert cost.seconds(3) / cost.seconds(2) > 3.0 / 2.0
+    for size in (3, 4):  # the sizes timed one by one keep their own refinement, up to the last of them
+        before = cost.seconds(size) / cost.seconds(size - 1)
+        cost.observe(size, 100.0)
+        assert cost.seconds(size) / cost.seconds(size - 1) > 1.05 * before  # one step moves it at most 7%
 
 
 def test_draft_cost_learns_the_cost_per_token_and_of_catching_up():

@@ -108,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
     warning = exposure_warning(args.host, settings.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    SpecConfig(
-        drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max
-    )  # checked before listening (no --drafter: chosen once the target loads)
+    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)  # checked before listening
     _check_port(args.port)
     app = create_app(settings)
     config = uvicorn.Config(

@@ -95,7 +95,7 @@ def rounds_table(runs: list[dict]) -> str:
     groups = list(_rounds(runs).values())  # [configurations][rounds]: runs
     by_round = [[{s.concurrency: s.output_tokens_per_second for s in level_summaries(r)} for r in g] for g in groups]
     levels = sorted({concurrency for rounds in by_round for run in rounds for concurrency in run})
-    header = "| concurrency | " + " | ".join(f"{g[0]['label']} ({len(g)} rounds)" for g in groups) + " |"
+    header = "| concurrency | " + " | ".join(f"{g[0]['label']} ({_count(len(g), 'round')})" for g in groups) + " |"
     rows = [header, "|---:" * (len(groups) + 1) + "|"]
     for concurrency in levels:
         cells = []
@@ -110,6 +110,10 @@ def rounds_table(runs: list[dict]) -> str:
             cells.append(f"{statistics.median(speeds):.1f}{ratio}" if speeds else "-")
         rows.append(f"| {concurrency} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def _rounds(runs: list[dict]) -> dict[str, list[dict]]:

@@ -21,8 +21,7 @@ import torch
 from quickdraft import sampling
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
-from quickdraft.drafters.head.files import load_head, read_identity
-from quickdraft.drafters.head.identity import check_target
+from quickdraft.drafters.head.files import load_head
 from quickdraft.drafters.head.model import DraftHead, HeadCache
 from quickdraft.drafters.head.quantize import quantize_head
 from quickdraft.errors import InternalError, UsageError
@@ -108,21 +107,6 @@ class HeadDrafter(Drafter):
         full[self.vocab_ids] = logits
         probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
         return int(sampling.sample(probs[None], self._generator)), probs
-
-
-def shipped_head_for(target: LoadedModel) -> Path | None:
-    """The head shipped for this target, if one ships under its name and was trained on these very weights."""
-    directory = SHIPPED_HEADS / Path(target.info.name).name
-    if not directory.is_dir():
-        return None
-    identity = read_identity(directory)
-    if identity is None:
-        return None
-    try:
-        check_target(identity, target, str(directory))
-    except UsageError:  # another model of the same name
-        return None
-    return directory
 
 
 def head_directory(argument: str, target_name: str) -> Path:
