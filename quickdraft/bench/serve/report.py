@@ -59,11 +59,12 @@ def render_report(results: dict) -> str:
 
 def render_combined(runs: list[dict]) -> str:
     """report.md of several runs: one column per run (by label) in every table."""
+    rounds = rounds_table(runs)
     sections = [
         f"# bench-serve: {len(runs)} runs side by side",
         _runs_table(runs),
         "## Aggregate output tokens/s (ratio to the first run)\n\n" + throughput_ratio_table(runs),
-        *([ROUNDS_TITLE + "\n\n" + rounds_table(runs)] if any(len(g) > 1 for g in _rounds(runs).values()) else []),
+        *([ROUNDS_TITLE + "\n\n" + rounds] if rounds else []),
         *(f"## {title}\n\n" + _metric_table(runs, cell) for title, cell in COMBINED_METRICS.items()),
         DEFINITIONS,
         _plots_section(),
@@ -91,8 +92,10 @@ ROUNDS_TITLE = (
 def rounds_table(runs: list[dict]) -> str:
     """Runs that share a label are rounds of one configuration (`read_runs` numbers repeats " #2", " #3"); one
     column per configuration. A round is compared with the same round of the first configuration, so drift between
-    rounds on a noisy machine cancels out of the ratios."""
+    rounds on a noisy machine cancels out of the ratios. Empty when no label repeats."""
     groups = list(_rounds(runs).values())  # [configurations][rounds]: runs
+    if all(len(group) == 1 for group in groups):
+        return ""
     by_round = [[{s.concurrency: s.output_tokens_per_second for s in level_summaries(r)} for r in g] for g in groups]
     levels = sorted({concurrency for rounds in by_round for run in rounds for concurrency in run})
     header = "| concurrency | " + " | ".join(f"{g[0]['label']} ({_count(len(g), 'round')})" for g in groups) + " |"
