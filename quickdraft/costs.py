@@ -37,7 +37,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Drafter
-from quickdraft.models.base import BatchRunner, ModelRunner, SequenceStep
+from quickdraft.models.base import BatchRunner, ModelRunner, SequenceStep, synchronize
 
 SCALE_RATE = 0.1  # weight of one step's timing in the shared scale
 SHAPE_RATE = 0.1  # weight of one step's timing in the cost of its own size
@@ -151,6 +151,7 @@ def time_forwards(
     def forward(n: int) -> float:
         started = time.perf_counter()
         runner.forward(filler[:n])
+        synchronize(runner.device)
         forwarded = time.perf_counter()
         runner.rollback(context)
         return (time.perf_counter() if with_rollback else forwarded) - started
@@ -213,6 +214,7 @@ def _time_batch_of_single_tokens(runner: BatchRunner, context: list[int], sequen
 
     def forward() -> None:
         runner.forward_batch([SequenceStep(slot, (context[0],)) for slot in slots])
+        synchronize(runner.device)
         for slot in slots:
             runner.rollback_slot(slot, len(context))
 

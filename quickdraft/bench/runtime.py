@@ -42,7 +42,7 @@ from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.costs import time_forwards
 from quickdraft.engine import Engine
 from quickdraft.measure import interleave, measure
-from quickdraft.models.base import ModelRunner
+from quickdraft.models.base import ModelRunner, synchronize
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import default_native_dtype, native_runner_for
 from quickdraft.models.store import converted_from, gguf_source, local_model_dir
@@ -77,11 +77,16 @@ def _decode_seconds(runner, prompt: Sequence[int]) -> float:
 @torch.inference_mode()
 def _matmul_seconds(runner: ModelRunner) -> float:
     """Seconds for `DECODE_STEPS` passes over every matrix product of a one-token forward, inputs [1, in]."""
-    products = [(linear, torch.randn(1, linear.in_features).to(runner.dtype)) for linear in runner.linear_layers()]
+    products = [
+        (linear, torch.randn(1, linear.in_features).to(device=runner.device, dtype=runner.dtype))
+        for linear in runner.linear_layers()
+    ]
+    synchronize(runner.device)
     begin = time.perf_counter()
     for _ in range(DECODE_STEPS):
         for linear, x in products:
             linear(x)
+    synchronize(runner.device)
     return time.perf_counter() - begin
 
 
@@ -90,14 +95,17 @@ def weight_bytes(runner: ModelRunner) -> int:
     return sum(linear.nbytes for linear in runner.linear_layers())
 
 
-def read_bandwidth(repeats: int = 5) -> float:
-    """Bytes per second `torch.sum` reads from a tensor far larger than the caches (median of `repeats`)."""
-    data = torch.ones(BANDWIDTH_BYTES // 4)
+def read_bandwidth(device: torch.device = torch.device("cpu"), repeats: int = 5) -> float:
+    """Bytes per second `torch.sum` reads on `device` from a tensor far larger than the caches (median of
+    `repeats`; a GPU's memory on a GPU)."""
+    data = torch.ones(BANDWIDTH_BYTES // 4, device=device)
     data.sum()
     seconds = []
     for _ in range(repeats):
+        synchronize(device)
         begin = time.perf_counter()
         data.sum()
+        synchronize(device)
         seconds.append(time.perf_counter() - begin)
     return BANDWIDTH_BYTES / statistics.median(seconds)
 
@@ -111,12 +119,12 @@ def _one_repeat(runner, tokens: list[int]) -> tuple[float, dict[int, float], flo
 
 
 def bench_model(
-    path: Path, repeats: int, native_dtypes: Sequence[str], gguf: Path | None = None
+    path: Path, repeats: int, native_dtypes: Sequence[str], gguf: Path | None = None, device: str = "cpu"
 ) -> dict[str, RuntimeResult]:
-    """Results keyed "hf" and "native_<dtype>", all measured in this process, repeats interleaved (`gguf`: the
-    file `path` was converted from, for the gguf dtype)."""
-    runners: dict[str, ModelRunner] = {"hf": load_model_dir(path, runtime="hf", dtype="float32").runner}
-    runners.update({f"native_{d}": native_runner_for(path, d, "cpu", gguf) for d in native_dtypes})
+    """Results keyed "hf" and "native_<dtype>", all measured in this process on `device`, repeats interleaved
+    (`gguf`: the file `path` was converted from, for the gguf dtype)."""
+    runners: dict[str, ModelRunner] = {"hf": load_model_dir(path, runtime="hf", dtype="float32", device=device).runner}
+    runners.update({f"native_{d}": native_runner_for(path, d, device, gguf) for d in native_dtypes})
     vocab = runners[f"native_{native_dtypes[0]}"].info.vocab_size
     tokens = torch.randint(0, vocab, (VERIFY_CONTEXT + 16,), generator=torch.Generator().manual_seed(0)).tolist()
     samples: dict[str, list] = {name: [] for name in runners}
@@ -142,11 +150,18 @@ def ngram_runners(native_dtypes: Sequence[str]) -> dict[str, tuple[str, str]]:
 
 
 def bench_ngram(
-    path: Path, prompts: Sequence[Prompt], repeats: int, max_new_tokens: int, native_dtypes: Sequence[str]
+    path: Path,
+    prompts: Sequence[Prompt],
+    repeats: int,
+    max_new_tokens: int,
+    native_dtypes: Sequence[str],
+    device: str = "cpu",
 ) -> NgramResult:
     """Greedy speculative generation with `ngram`, k auto, on each runner, interleaved."""
     engines = {
-        label: Engine(load_model_dir(path, runtime=runtime, dtype=dtype), SpecConfig(drafter="ngram", k="auto"))
+        label: Engine(
+            load_model_dir(path, runtime=runtime, dtype=dtype, device=device), SpecConfig(drafter="ngram", k="auto")
+        )
         for label, (runtime, dtype) in ngram_runners(native_dtypes).items()
     }
     first = next(iter(engines.values()))
@@ -192,11 +207,13 @@ def summary_object(
     bandwidth: float,
     ngram: NgramResult | None = None,
     llama_cpp: dict | None = None,
+    device: str = "cpu",
 ) -> dict:
     """The --json object of one model."""
     native = {name.removeprefix("native_"): r for name, r in results.items() if name != "hf"}
     summary = {
         "model": model,
+        "device": device,
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_per_second": bandwidth / 1e9,
         "default_dtype": default_dtype,
@@ -233,7 +250,7 @@ def format_table(summary: dict) -> str:
     """Human-readable table of one model's summary."""
     hf = summary["hf_tokens_per_second"]
     lines = [
-        f"{summary['model']}  ({summary['threads']} threads, batch 1, medians; "
+        f"{summary['model']}  ({summary['device']}, {summary['threads']} threads, batch 1, medians; "
         f"read bandwidth {summary['read_bandwidth_gb_per_second']:.1f} GB/s)",
         f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}{'MB/token':>10}{'bw ceiling':>12}{'of it':>7}"
         f"   v(1..8) at {VERIFY_CONTEXT} ctx",
@@ -284,22 +301,23 @@ def run_runtime_bench(
     dev_prompts: Sequence[Prompt] = (),
     max_new_tokens: int = 64,
     llama_cpp: Path | None = None,
+    device: str = "cpu",
 ) -> list[dict]:
-    """Benchmark each model (and n-gram speculation on `dev_prompts` when given); print a table (or one
-    JSON object per line) and return the summaries."""
+    """Benchmark each model on `device` (and n-gram speculation on `dev_prompts` when given); print a table (or
+    one JSON object per line) and return the summaries."""
     summaries = []
     for model in models:
         path = local_model_dir(model, progress=False)
         gguf = converted_from(path)
-        default = default_native_dtype(gguf is not None)
+        default = default_native_dtype(gguf is not None, device)
         dtypes = list(dict.fromkeys(["float32", default, *native_dtypes]))
-        results = bench_model(path, repeats, dtypes, gguf)
-        bandwidth = read_bandwidth()
-        ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes) if dev_prompts else None
+        results = bench_model(path, repeats, dtypes, gguf, device)
+        bandwidth = read_bandwidth(torch.device(device))
+        ngram = bench_ngram(path, dev_prompts, repeats, max_new_tokens, dtypes, device) if dev_prompts else None
         peer = None
         if llama_cpp is not None:
-            peer = _llama_cpp(llama_cpp, model, path, gguf, repeats, dev_prompts, max_new_tokens, dtypes)
-        summary = summary_object(model, results, default, bandwidth, ngram, peer)
+            peer = _llama_cpp(llama_cpp, model, path, gguf, repeats, dev_prompts, max_new_tokens, dtypes, device)
+        summary = summary_object(model, results, default, bandwidth, ngram, peer, device)
         print(json.dumps(summary) if json_out else format_table(summary), flush=True)
         summaries.append(summary)
     return summaries
@@ -314,6 +332,7 @@ def _llama_cpp(
     prompts: Sequence[Prompt],
     tokens: int,
     dtypes: Sequence[str],
+    device: str,
 ) -> dict | None:
     """llama.cpp's decode tokens/s on the model's GGUF file and, with prompts, each native dtype's top-1
     agreement with its greedy continuations (None, said on stderr, when the model has no GGUF file)."""
@@ -329,7 +348,7 @@ def _llama_cpp(
         chat = bool(tokenizer.chat_template)
         encoded = [encode_prompt(tokenizer, p.first_turn, chat, model) for p in prompts]
         continuations = llama_cpp_bench.greedy_continuations(bin_dir, gguf, encoded, tokens, threads)
-        runners = {d: native_runner_for(path, d, "cpu", converted) for d in dtypes}
+        runners = {d: native_runner_for(path, d, device, converted) for d in dtypes}
         peer["top1_agreement"] = {d: top1_agreement(r, encoded, continuations) for d, r in runners.items()}
         peer["agreement_positions"] = sum(len(c) for c in continuations)
     return peer
@@ -344,6 +363,6 @@ def top1_agreement(runner: ModelRunner, prompts: Sequence[list[int]], continuati
         first = runner.prefill(prompt).argmax()[None]  # [1]
         rest = runner.forward(continuation[:-1]).argmax(dim=-1) if len(continuation) > 1 else first[:0]
         predicted = torch.cat((first, rest))  # [len(continuation)]
-        agreeing += int((predicted == torch.tensor(continuation)).sum())
+        agreeing += int((predicted == torch.tensor(continuation, device=predicted.device)).sum())
         total += len(continuation)
     return agreeing / total if total else float("nan")

@@ -20,7 +20,8 @@ DEFAULT_MAX_BATCH = 8  # requests generated at once by serve and batch; see BENC
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--model, --drafter, --k, --k-max, --runtime, --dtype, --threads: shared by generate and serve."""
+    """--model, --drafter, --k, --k-max, --runtime, --dtype, --threads, --device: shared by generate, batch and
+    serve."""
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -50,6 +51,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--k-max", type=int, default=8, help="most draft tokens --k auto may choose (default 8)")
     add_runtime_arguments(parser)
+    add_device_argument(parser)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """--device (default cpu)."""
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the models run: cpu, or cuda (cuda:N for GPU N), where the native runtime computes in bfloat16 "
+        "(--dtype auto) or float32; int8 and gguf weights are CPU kernels (default cpu)",
+    )
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +96,7 @@ def load_engine(args: argparse.Namespace, max_batch: int = 1, step_tokens: int =
         k_max=args.k_max,
         runtime=args.runtime,
         dtype=args.dtype,
+        device=args.device,
         threads=args.threads,
         max_batch=max_batch,
         step_tokens=step_tokens,

@@ -8,8 +8,9 @@ import torch
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.llama_cpp import llama_bench, llama_server
 from quickdraft.bench.runtime import run_runtime_bench
-from quickdraft.commands.arguments import add_prompts_argument, comma_list
+from quickdraft.commands.arguments import add_device_argument, add_prompts_argument, comma_list
 from quickdraft.errors import UsageError
+from quickdraft.models.loading import check_device
 from quickdraft.models.native import NATIVE_DTYPES
 
 BUILT_IN_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -49,6 +50,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="a llama.cpp build's bin/ folder: also time its llama-bench decode on each model's GGUF file and, "
         "with --prompts, each native dtype's greedy top-1 agreement with its llama-server continuations",
     )
+    add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     parser.set_defaults(func=run)
     return parser
@@ -57,6 +59,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if unknown := [d for d in args.dtypes if d not in NATIVE_DTYPES]:
         raise UsageError(f"unknown native dtypes {', '.join(unknown)}; choose from {', '.join(NATIVE_DTYPES)}")
+    check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = select_prompts(load_prompts(args.prompts), limit=args.per_category) if args.prompts else []
@@ -64,5 +67,7 @@ def run(args: argparse.Namespace) -> int:
         llama_bench(args.llama_cpp)
         if prompts:
             llama_server(args.llama_cpp)
-    run_runtime_bench(args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens, args.llama_cpp)
+    run_runtime_bench(
+        args.models, args.repeats, args.json, args.dtypes, prompts, args.max_new_tokens, args.llama_cpp, args.device
+    )
     return 0

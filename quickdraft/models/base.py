@@ -54,6 +54,13 @@ class MatrixProduct(Protocol):
         ...
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until `device` has run every kernel queued on it: a GPU runs them after the call that queued them has
+    returned, so whoever times a forward waits for it (a CPU computes before returning)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @runtime_checkable
 class ModelRunner(Protocol):
     """One causal LM with its own KV cache, batch 1."""

@@ -52,12 +52,33 @@ def load_model_dir(
     """Load a local directory holding config.json, safetensors weights and tokenizer files."""
     model_dir = Path(model_dir)
     name = name or str(model_dir)
+    check_device(device)
     config = _load_config(model_dir)
     for weights in sorted(model_dir.glob("*.safetensors")):
         check_safetensors(weights, "the model's", _REFETCH)
     tokenizer = _load_tokenizer(model_dir)
     runner = _build_runner(model_dir, runtime, dtype, device, name, tokenizer)
     return LoadedModel(runner=runner, tokenizer=tokenizer, config=config)
+
+
+def check_device(device: str) -> torch.device:
+    """The torch device `device` names; UsageError when it names none, or one torch cannot run on here."""
+    try:
+        torch_device = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {device!r} names no device ({one_line(exc)}); use cpu, or cuda for a GPU") from exc
+    if torch_device.type == "cpu":
+        return torch_device
+    if torch_device.type != "cuda":
+        raise UsageError(f"--device {device}: quickdraft runs on cpu or cuda (cuda:N for GPU N); use one of those")
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {device}: this torch {torch.__version__} sees no CUDA GPU; use --device cpu, or install a CUDA "
+            "build of torch on a machine with a GPU"
+        )
+    if (torch_device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
+    return torch_device
 
 
 def transformers_model(model: LoadedModel) -> PreTrainedModel:
@@ -95,15 +116,15 @@ def _build_runner(
 ) -> ModelRunner:
     """The native runner when the architecture has one (unless runtime="hf"), else transformers.
 
-    dtype "auto" means the native default (`default_native_dtype`: the GGUF's own blocks for a model converted
-    from one, else int8) on the native runner and float32 on the transformers runner.
+    dtype "auto" means the native default (`default_native_dtype`: on the CPU the GGUF's own blocks for a model
+    converted from one, else int8; bfloat16 on a GPU) on the native runner and float32 on the transformers runner.
     """
     if runtime in ("auto", "native"):
         from quickdraft.models.native import default_native_dtype, native_runner_for
         from quickdraft.models.store import converted_from
 
         gguf = converted_from(model_dir)
-        native_dtype = default_native_dtype(gguf is not None) if dtype == "auto" else dtype
+        native_dtype = default_native_dtype(gguf is not None, device) if dtype == "auto" else dtype
         runner = native_runner_for(model_dir, dtype=native_dtype, device=device, gguf=gguf)
         if runner is not None:
             runner.info = replace(runner.info, name=name)

@@ -26,14 +26,20 @@ NATIVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": t
 QUANTIZED_DTYPES = ("int8", "gguf")  # CPU kernels only
 
 
-def default_native_dtype(from_gguf: bool) -> str:
+def default_native_dtype(from_gguf: bool, device: str = "cpu") -> str:
     """The fastest native dtype whose k-token verification forwards equal its own 1-token forwards, so that
     speculation stays exact with respect to the target run in that dtype: the int8 and int4 kernels compute
-    each row on its own (bit-identical across row counts), bfloat16 and float32 matmuls do not (bfloat16
-    logits move by up to ~0.4 between a 5-token and five 1-token forwards on SmolLM2, so greedy ties flip).
+    each row on its own (bit-identical across row counts), bfloat16 and float32 matmuls on the CPU do not
+    (bfloat16 logits move by up to ~0.4 between a 5-token and five 1-token forwards on SmolLM2, so greedy ties
+    flip).
     A model converted from a GGUF file runs on the file's own 4-bit blocks ("gguf": faster than int8 on both
     built-in models, and closer to the file's weights); any other on int8 weights per row. Measured with
-    `quickdraft bench-runtime --dtypes gguf` (docs/native_runtime.md)."""
+    `quickdraft bench-runtime --dtypes gguf` (docs/native_runtime.md).
+
+    On a GPU, where those kernels do not run, bfloat16: its dense products run in fixed tiles of rows there
+    (`weights.dense_row_tile`), so its verification rows equal its 1-token rows too."""
+    if torch.device(device).type != "cpu":
+        return "bfloat16"
     return "gguf" if from_gguf else "int8"
 
 

@@ -74,7 +74,8 @@ class _Verifications:
     caches: tuple[KVCache, ...]  # of the verifying sequences, in order
     sequence: torch.Tensor  # [R] int64: each row's index into caches
     spans: dict[int | None, tuple[torch.Tensor, torch.Tensor]]  # window size -> first, last + 1 position [R] each
-    rows: torch.Tensor | None  # [R] their rows in the stacked activations; None when every row verifies
+    rows: torch.Tensor | None  # [R] their rows in the stacked activations (on the runner's device); None when every
+    # row verifies
 
 
 class NativeRunner:
@@ -261,9 +262,8 @@ class NativeRunner:
         }
         rows = None
         if len(verifying) < len(sequences):
-            rows = torch.tensor(
-                [r for seq in verifying for r in range(seq.rows.start, seq.rows.stop)], dtype=torch.long
-            )
+            numbers = [r for seq in verifying for r in range(seq.rows.start, seq.rows.stop)]
+            rows = torch.tensor(numbers, dtype=torch.long, device=self.device)
         return _Verifications(tuple(seq.cache for seq in verifying), torch.tensor(owner, dtype=torch.long), spans, rows)
 
     def _check_layers(self, steps: Sequence[SequenceStep]) -> set[int]:

@@ -17,6 +17,8 @@ from quickdraft.models.native.gguf_blocks import Blocks, EightBitBlocks, FourBit
 from quickdraft.models.native.kernels import eight_bit_matmul, four_bit_matmul, pack_eight_bit, pack_four_bit
 from quickdraft.models.native.spec import DecoderSpec
 
+# Rows of every dense product over verification rows on a GPU; see `dense_row_tile`.
+GPU_ROW_TILE = 16
 # Checkpoint prefixes of the decoder stack, tried in order (plain CausalLM, then multimodal wrappers).
 _PREFIXES = ("model.", "model.language_model.", "language_model.model.")
 
@@ -36,6 +38,19 @@ def prompt_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 and no_native_bf16 else dtype
 
 
+def dense_row_tile(device: torch.device) -> int | None:
+    """How many rows each dense product of verification rows runs on `device` (None: as many as it has).
+
+    A GPU's matrix library picks its kernel, tiling and split of the sum by the row count, so a row of a 5-row
+    product need not carry the bits of the same row multiplied alone. At one fixed row count every row goes through
+    the same kernel the same way, whatever the other rows hold, so there every product runs in tiles of
+    `GPU_ROW_TILE` rows, zero rows padding the last: a k-token verification row equals a 1-token row, a batched row
+    its solo row. A 16-row product of a decode-size matrix costs a GPU what a 1-row product costs (both wait on
+    reading the weights). None on the CPU, whose exact dtypes run row-invariant kernels of their own (int8, gguf)
+    and where 16 rows would multiply the compute of a float32 decode step."""
+    return None if device.type == "cpu" else GPU_ROW_TILE
+
+
 class Linear:
     """y = x @ W.T (+ b), with W in one of four forms: dense in the compute dtype; int8 with one scale per
     output row (`int8`); or a GGUF's blocks exactly as the file holds them (`blocks`): int4 in groups of 32
@@ -46,6 +61,9 @@ class Linear:
     block alike (1.7x a dense float32 product of a 128-row block on AVX2), so a prompt row is the bits of the decode
     row of the same input. Every other form multiplies prompt blocks densely in `prompt_dtype`, through a
     de-quantized copy where that is not its own (the int8 and 8-bit group kernels are compute-bound past a few rows).
+
+    A dense weight with a `row_tile` multiplies in products of exactly that many rows (`dense_row_tile`), which
+    makes it row-invariant too.
     """
 
     def __init__(
@@ -55,8 +73,10 @@ class Linear:
         int8: bool,
         prompt_dtype: torch.dtype | None = None,
         blocks: Blocks | None = None,
+        row_tile: int | None = None,
     ) -> None:
         self.bias = bias  # [out] or None
+        self.row_tile = row_tile  # rows of each dense product (zero rows pad the last); None: all rows in one
         self.scales = None  # [out] when int8 per row
         self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s panels or `pack_eight_bit`'s tiles (uint8)
         self._blocks = blocks  # the file's blocks, kept for dense()
@@ -90,8 +110,9 @@ class Linear:
 
     @property
     def row_invariant(self) -> bool:
-        """Whether the kernel computes every row the same way whatever the row count (int8 and blocks do)."""
-        return self.form != "dense"
+        """Whether the kernel computes every row the same way whatever the row count (int8, blocks and dense
+        products in fixed tiles do)."""
+        return self.form != "dense" or self.row_tile is not None
 
     @property
     def nbytes(self) -> int:
@@ -108,7 +129,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [n, in] -> [n, out]
         form = self.form
         if form == "dense":
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias) if self.row_tile is None else self._tiled(x)
         if form == "int4":
             y = four_bit_matmul(x, self.weight, self.out_features)
         elif form == "int8/32":
@@ -145,6 +166,12 @@ class Linear:
         if shared_rows:
             pieces.append(self(x[shared_rows[0].start : shared_rows[-1].stop]))
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, in] -> [n, out] in products of exactly `row_tile` rows each, zero rows padding the last."""
+        n = x.shape[0]
+        padded = F.pad(x, (0, 0, 0, -n % self.row_tile))  # [tiles * row_tile, in]
+        return torch.cat([F.linear(tile, self.weight, self.bias) for tile in padded.split(self.row_tile)])[:n]
 
     def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
         if self._prompt_weight is None:
@@ -220,10 +247,11 @@ def load_weights(
     checkpoint was converted from), every matrix the file stores in 4-bit blocks runs on those blocks (int4)."""
     ckpt = _Checkpoint(model_dir)
     place = lambda t: None if t is None else t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
-    matrices = _Matrices(ckpt, place, int8, None if gguf is None else GgufFile(gguf, spec.num_layers))
+    tile = dense_row_tile(device)
+    matrices = _Matrices(ckpt, place, int8, None if gguf is None else GgufFile(gguf, spec.num_layers), tile)
     embedding = place(ckpt.decoder("embed_tokens.weight"))
     if spec.tie_embeddings and gguf is None:
-        head = Linear(embedding, None, int8)  # the embedding's own tensor (no copy when dense)
+        head = Linear(embedding, None, int8, row_tile=tile)  # the embedding's own tensor (no copy when dense)
     else:  # a GGUF's blocks are matched against the checkpoint's exact float32 weights, read again
         head = matrices([ckpt.prefix + "embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"], None, None)
     prompts = prompt_dtype(dtype, device)
@@ -236,13 +264,14 @@ class _Matrices:
     """Builds each (fused) Linear from checkpoint tensors: on a GGUF's blocks where the file stores every part in
     block formats of one kind (4-bit, or 8-bit groups), else int8 per row or dense as the dtype says."""
 
-    def __init__(self, ckpt: _Checkpoint, place, int8: bool, gguf: GgufFile | None) -> None:
-        self._ckpt, self._place, self._int8, self._gguf = ckpt, place, int8, gguf
+    def __init__(self, ckpt: _Checkpoint, place, int8: bool, gguf: GgufFile | None, row_tile: int | None) -> None:
+        self._ckpt, self._place, self._int8, self._gguf, self._row_tile = ckpt, place, int8, gguf, row_tile
 
     def __call__(self, names: list[str], bias: torch.Tensor | None, prompts: torch.dtype | None) -> Linear:
         parts = [self._ckpt.get(name) for name in names]  # float32 [out_i, in] each
         blocks = self._blocks(names, parts)
-        return Linear(self._place(torch.cat(parts)), self._place(bias), self._int8, prompts, blocks=blocks)
+        weight, bias = self._place(torch.cat(parts)), self._place(bias)
+        return Linear(weight, bias, self._int8, prompts, blocks=blocks, row_tile=self._row_tile)
 
     def _blocks(self, names: list[str], parts: list[torch.Tensor]) -> Blocks | None:
         if self._gguf is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.errors import ModelError
+from quickdraft.models.native.kernels import portable
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
 PANEL_ROWS = 8  # weight rows of a 4-bit panel (`pack_four_bit`): blocks.cpp's FourBitPanels::kColumns
@@ -155,40 +156,34 @@ def attend(
     [KV, capacity, hd], one layer of sequence s's cache; row r reads positions begin[r]..end[r]-1 of sequence
     sequence[r] (int64 [R] each) -> [R, H * hd] in the queries' dtype. Scores, softmax and the weighted sum
     run in float32, each (row, key head) by one thread in a fixed order: a row's result never depends on the
-    other rows. On a device other than the CPU, one torch product per row, with that row's shapes alone."""
-    if queries.device.type == "cpu":
-        return kernels().attend(queries.contiguous(), keys, values, sequence, begin, end, scale)
-    rows, heads, head_dim = queries.shape
-    out = torch.empty(rows, heads * head_dim, dtype=torch.float32, device=queries.device)
-    for r, (s, first, last) in enumerate(zip(sequence.tolist(), begin.tolist(), end.tolist())):
-        k, v = keys[s][:, first:last].float(), values[s][:, first:last].float()  # [KV, L, hd]
-        q = queries[r].float().view(k.shape[0], -1, head_dim) * scale  # [KV, G, hd]
-        out[r] = torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), v).reshape(-1)
-    return out.to(queries.dtype)
+    other rows. On a device other than the CPU, `portable.attend`."""
+    if queries.device.type != "cpu":
+        return portable.attend(queries, keys, values, sequence, begin, end, scale)
+    return kernels().attend(queries.contiguous(), keys, values, sequence, begin, end, scale)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x [..., d] / rms over d, times weight [d] (x's dtype) when given, in float32 per row, rounded once to x's
-    dtype; on a device other than the CPU, torch's own."""
+    dtype; on a device other than the CPU, `portable.rms_norm`."""
     if x.device.type != "cpu":
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+        return portable.rms_norm(x, weight, eps)
     return kernels().rms_norm(x.contiguous(), weight, eps)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate x [N, heads, hd] (each row's heads contiguous, rows at any stride) by cos, sin_signed [N, 1, hd]:
-    x * cos + x with its halves swapped * sin_signed, in float32 per element, rounded once -> [N, heads, hd]."""
+    x * cos + x with its halves swapped * sin_signed, in float32 per element, rounded once -> [N, heads, hd]; on a
+    device other than the CPU, `portable.rope`."""
     if x.device.type != "cpu":
-        half = x.shape[-1] // 2
-        return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin_signed)
+        return portable.rope(x, cos, sin_signed)
     return kernels().rope(x, cos, sin_signed)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [N, 2 I] (gate columns, then up) -> silu(gate) * up [N, I], in float32, rounded once."""
+    """gate_up [N, 2 I] (gate columns, then up) -> silu(gate) * up [N, I], in float32, rounded once; on a device
+    other than the CPU, `portable.silu_mul`."""
     if gate_up.device.type != "cpu":
-        gate, up = gate_up.chunk(2, dim=-1)
-        return torch.nn.functional.silu(gate) * up
+        return portable.silu_mul(gate_up)
     return kernels().silu_mul(gate_up.contiguous())
 
 
