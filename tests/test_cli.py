@@ -218,3 +218,18 @@ def test_an_answer_that_ends_at_once_says_why(tiny_dirs, tiny_models, tmp_path, 
         note = capsys.readouterr().err
         assert "quickdraft: the model ended its answer at once (end of sequence), so there is no text" in note, note
         assert hint in note, note
+
+
+def test_generating_needs_no_web_framework(tiny_dirs):
+    """Only `serve` loads fastapi and uvicorn: `generate` runs where they are missing (a GPU machine's image)."""
+    blocked = "import sys, runpy; sys.modules.update(fastapi=None, uvicorn=None, starlette=None); "
+    run = "sys.argv = ['quickdraft', *sys.argv[1:]]; runpy.run_module('quickdraft', run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", blocked + run, "generate", "--model", str(tiny_dirs["llama"]), "--max-new-tokens", "4"]
+        + ["--raw", "hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "4 tokens" in done.stdout

@@ -14,9 +14,9 @@ from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
-from quickdraft.server import ServerSettings, attach_engine, create_app
+from quickdraft.server.app import attach_engine, create_app
 from quickdraft.server.metrics import RequestTiming, ServerMetrics
-from quickdraft.server.settings import LOOPBACK_HOSTS, allowed_hosts_for
+from quickdraft.server.settings import LOOPBACK_HOSTS, ServerSettings, allowed_hosts_for
 from quickdraft.server.worker import EngineWorker
 from quickdraft.stats import GenerationStats
 from quickdraft.text import encode_prompt

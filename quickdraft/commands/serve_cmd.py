@@ -101,7 +101,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn  # imported here: the other commands need neither uvicorn nor FastAPI
 
-    from quickdraft.server import create_app, end_jobs
+    from quickdraft.server.app import create_app, end_jobs
     from quickdraft.server.protocol import GuardedH11Protocol
 
     settings = server_settings(args)
@@ -213,7 +213,7 @@ def _available_memory() -> int | None:
 
 def _load_and_attach(args: argparse.Namespace, app, server, failure: list[Exception]) -> None:
     """Load the engine on this thread, then serve it; a failure stops the server."""
-    from quickdraft.server import attach_engine
+    from quickdraft.server.app import attach_engine
 
     try:
         engine = build_engine(args)

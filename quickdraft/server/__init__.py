@@ -1,6 +1,5 @@
-"""OpenAI-compatible HTTP server over one engine: `create_app(settings)` and `attach_engine(app, engine)`."""
+"""OpenAI-compatible HTTP server over one engine: `app.create_app(settings)` and `app.attach_engine(app, engine)`.
 
-from quickdraft.server.app import attach_engine, create_app, end_jobs
-from quickdraft.server.settings import ServerSettings
-
-__all__ = ["ServerSettings", "attach_engine", "create_app", "end_jobs"]
+Nothing is imported here, so that the CLI, which reads `settings` to build its parser, runs without loading the
+web framework (or having it, where only generation is wanted).
+"""
