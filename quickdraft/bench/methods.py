@@ -20,6 +20,7 @@ from quickdraft.bench.llama_cpp import LlamaServer
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
 from quickdraft.measure import Generation, measure
+from quickdraft.models.base import synchronize
 
 Family = Literal["quickdraft", "transformers", "llama.cpp"]
 HFMode = Literal["greedy", "lookup", "assistant"]
@@ -60,8 +61,8 @@ class QuickdraftMethod:
 class HFTarget:
     """A transformers model with hooks that count and time its forwards (the peers' shared target)."""
 
-    def __init__(self, model_dir: Path, dtype: str, eos_token_ids: frozenset[int]) -> None:
-        self.model = load_hf_model(model_dir, dtype)
+    def __init__(self, model_dir: Path, dtype: str, eos_token_ids: frozenset[int], device: str = "cpu") -> None:
+        self.model = load_hf_model(model_dir, dtype, device)
         self.eos_token_ids = sorted(eos_token_ids)
         self.forward_inputs: list[int] = []  # [forward]: input length of each target forward
         self.forward_seconds: list[float] = []  # [forward]: duration of each target forward
@@ -79,6 +80,7 @@ class HFTarget:
         self._started = time.perf_counter()
 
     def _after_forward(self, module, args, output) -> None:
+        synchronize(self.model.device)
         self.forward_seconds.append(time.perf_counter() - self._started)
 
 
@@ -221,9 +223,10 @@ class _FirstTokenClock(BaseStreamer):
         return (self.first_token_at or started) - started
 
 
-def load_hf_model(model_dir: Path, dtype: str) -> PreTrainedModel:
-    """A transformers model from a local directory, eval mode, in `dtype`."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), use_safetensors=True).eval()
+def load_hf_model(model_dir: Path, dtype: str, device: str = "cpu") -> PreTrainedModel:
+    """A transformers model from a local directory, eval mode, in `dtype` on `device`."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), use_safetensors=True)
+    return model.to(device).eval()
 
 
 def engine_drafter(drafter: str) -> str:

@@ -38,7 +38,7 @@ from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
 from quickdraft.measure import Generation, interleave
 from quickdraft.models.base import matrix_forms
-from quickdraft.models.loading import load_model_dir
+from quickdraft.models.loading import check_device, load_model_dir
 from quickdraft.models.store import converted_from, gguf_source, local_model_dir
 
 WARMUP_TOKENS = 8  # one short untimed generation per method first: no one-time costs in the timings
@@ -63,6 +63,7 @@ class BenchConfig:
     llama_cpp: Path | None = None  # a llama.cpp build's bin/: also time llama-server on the model's GGUF file
     runtime: str = "auto"
     dtype: str = "auto"  # see `run_dtype`
+    device: str = "cpu"  # where quickdraft and the transformers peers run (llama.cpp runs as its build does)
     seed: int = 0  # base seed of sampled runs (prompt i, repeat r uses seed + 1000 r + i)
     cost_repeats: int = 10  # repeats of each forward size when measuring v(k)
     progress: bool = True
@@ -75,6 +76,7 @@ class BenchConfig:
         return "float32" if self.dtype == "auto" and self.peers else self.dtype
 
     def __post_init__(self) -> None:
+        check_device(self.device)
         if self.peers and self.dtype in ("int8", "gguf"):
             raise UsageError(
                 f"--peers hf runs transformers, which has no {self.dtype} weights; "
@@ -103,10 +105,11 @@ def run_bench(config: BenchConfig) -> dict:
     meta = provenance(config.dataset)
     prompts = select_prompts(load_prompts(config.dataset), list(config.categories or []) or None, config.limit)
     model_dir = local_model_dir(config.model)
-    target = load_model_dir(model_dir, runtime=config.runtime, dtype=config.run_dtype, name=config.model)
-    engine = Engine(
-        target, SpecConfig(drafter="none"), DrafterLoadOptions(runtime=config.runtime, dtype=config.run_dtype)
+    target = load_model_dir(
+        model_dir, runtime=config.runtime, dtype=config.run_dtype, device=config.device, name=config.model
     )
+    options = DrafterLoadOptions(runtime=config.runtime, dtype=config.run_dtype, device=config.device)
+    engine = Engine(target, SpecConfig(drafter="none"), options)
     chat = bool(target.tokenizer.chat_template)
     encoded = [engine.encode(prompt.first_turn, chat=chat) for prompt in prompts]
     with ExitStack() as servers:
@@ -161,14 +164,14 @@ def peer_methods(engine: Engine, config: BenchConfig, model_dir: Path) -> list[M
     """transformers greedy and prompt lookup, plus assisted generation for each draft-model drafter."""
     if "hf" not in config.peers:
         return []
-    target = HFTarget(model_dir, config.run_dtype, engine.target.info.eos_token_ids)
+    target = HFTarget(model_dir, config.run_dtype, engine.target.info.eos_token_ids, config.device)
     peers: list[Method] = [
         HFGenerate(target, "greedy"),
         HFGenerate(target, "lookup", lookup_tokens=config.hf_lookup_tokens),
     ]
     for name in dict.fromkeys(part for drafter in config.drafters for part in drafter.split(JOINER)):
         if isinstance(engine.drafter(name), DraftModelDrafter):
-            assistant = load_hf_model(local_model_dir(name, progress=False), config.run_dtype)
+            assistant = load_hf_model(local_model_dir(name, progress=False), config.run_dtype, config.device)
             peers.append(HFGenerate(target, "assistant", assistant=assistant, assistant_name=name))
     return peers
 

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list, k_list, output_dir
+from quickdraft.commands.arguments import (
+    add_device_argument,
+    add_prompts_argument,
+    add_runtime_arguments,
+    comma_list,
+    k_list,
+    output_dir,
+)
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.errors import UsageError
 
@@ -74,6 +81,7 @@ def register(subparsers) -> None:
         "--hf-lookup-tokens", type=int, default=4, help="prompt_lookup_num_tokens of the transformers peer (default 4)"
     )
     add_runtime_arguments(parser, "the quickdraft methods")
+    add_device_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (default 0)")
     parser.add_argument("--out", required=True, type=Path, help="directory for results.json, report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -132,6 +140,7 @@ def _measure(args: argparse.Namespace) -> dict:
         llama_cpp=args.llama_cpp,
         runtime=args.runtime,
         dtype=args.dtype,
+        device=args.device,
         seed=args.seed,
         progress=not args.no_progress,
     )
