@@ -5,15 +5,18 @@ import json
 import threading
 
 import pytest
+import torch
 from starlette.testclient import TestClient
 
 from quickdraft.async_engine import Cancelled, Job, QueueFull
 from quickdraft.cli import build_parser
+from quickdraft.commands import serve_cmd
 from quickdraft.commands.serve_cmd import exposure_warning, server_settings
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
+from quickdraft.models.loading import load_model_dir
 from quickdraft.server.app import attach_engine, create_app
 from quickdraft.server.metrics import RequestTiming, ServerMetrics
 from quickdraft.server.settings import LOOPBACK_HOSTS, ServerSettings, allowed_hosts_for
@@ -346,3 +349,15 @@ def test_a_fault_inside_one_request_fails_that_request_only(tiny_models):
         assert failed.status_code == 500 and failed.json()["error"]["message"] == "generation failed: injected fault"
         assert http.post("/v1/completions", json=body).json()["choices"][0]["text"] == expected
         assert 'quickdraft_request_success_total{finished_reason="error"} 2\n' in http.get("/metrics").text
+
+
+def test_serve_refuses_kv_slots_that_outgrow_the_memory_available(tiny_dirs, monkeypatch):
+    engine = Engine(load_model_dir(tiny_dirs["llama"], runtime="native", dtype="int8"), max_batch=4)
+    per_slot = engine.kv_bytes_per_slot()
+    assert per_slot > 0
+    assert serve_cmd._available_memory(torch.device("cpu")) > 0  # MemAvailable, read on Linux
+    monkeypatch.setattr(serve_cmd, "_available_memory", lambda device: 4 * per_slot)
+    assert "4 slots: at most" in serve_cmd._kv_memory_line(engine)
+    monkeypatch.setattr(serve_cmd, "_available_memory", lambda device: 4 * per_slot - 1)
+    with pytest.raises(UsageError, match="4 KV cache slots need up to .* of memory are available; lower --max-batch"):
+        serve_cmd._kv_memory_line(engine)

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from quickdraft.commands.arguments import add_batch_arguments, add_model_arguments, load_engine
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
@@ -187,7 +189,8 @@ def _kv_memory_line(engine: Engine) -> str:
     context = engine.target.info.max_context
     if per_slot == 0:
         return f"quickdraft: {slots} request at a time (the transformers runtime holds one sequence)"
-    needed, available = per_slot * slots, _available_memory()
+    device = engine.target.runner.device
+    needed, available = per_slot * slots, _available_memory(device)
     line = (
         f"quickdraft: KV cache {per_slot / 2**20:.0f} MiB per slot at the full context of {context} tokens, "
         f"{slots} slots: at most {needed / 2**30:.2f} GiB (slots grow as their sequences do)"
@@ -195,13 +198,17 @@ def _kv_memory_line(engine: Engine) -> str:
     if available is not None and needed > available:
         raise UsageError(
             f"{slots} KV cache slots need up to {needed / 2**30:.2f} GiB at the full context of {context} tokens, "
-            f"but {available / 2**30:.2f} GiB are available; lower --max-batch"
+            f"but {available / 2**30:.2f} GiB of {'GPU ' if device.type == 'cuda' else ''}memory are available; "
+            "lower --max-batch"
         )
     return line
 
 
-def _available_memory() -> int | None:
-    """MemAvailable in bytes (Linux), or None where it cannot be read."""
+def _available_memory(device: torch.device) -> int | None:
+    """Bytes free where the KV cache lives: the GPU's free memory on a GPU, else MemAvailable (Linux), or None
+    where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     try:
         lines = Path("/proc/meminfo").read_text().splitlines()
     except OSError:
