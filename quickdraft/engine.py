@@ -38,7 +38,7 @@ from quickdraft.costs import calibrate_drafter, calibrate_target
 from quickdraft.drafters.base import Drafter, DrafterLoadOptions
 from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
-from quickdraft.models.base import SequenceOutput, SequenceStep
+from quickdraft.models.base import SequenceOutput, SequenceStep, synchronize
 from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.single_slot import batch_view
 from quickdraft.output import Event, Failed, Finished, RequestOutput, TextDelta
@@ -278,6 +278,7 @@ class Engine:
         started = self._clock()
         try:
             outputs = self._batch.forward_batch(parts)
+            synchronize(self.target.runner.device)  # a GPU computes after the call returns: time the work itself
         except Exception as error:  # the batch is lost; every request in it fails, the engine goes on
             for request in [r for r, _ in prefills] + [r for r, _ in decodes]:
                 self._fail(request, error)

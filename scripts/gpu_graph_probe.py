@@ -41,7 +41,8 @@ def fixed_shape_step(runner, context: int):
     fixed, reading and writing runner's slot-0 cache; `inputs` [ROWS] int64 are its token ids (a static
     buffer to fill before each call). Returns logits [ROWS, vocab]."""
     spec, weights, cache = runner.spec, runner._weights, runner._slots[0]
-    if spec.sandwich_norms or spec.qk_norm or spec.embedding_scale is not None or len(set(spec.layer_windows)) != 1:
+    llama = spec.activation == "silu" and not (spec.sandwich_norms or spec.qk_norm) and spec.embedding_scale is None
+    if not llama or len(set(spec.layer_windows)) != 1:
         raise SystemExit("the probe covers the Llama family only (no sandwich norms, no sliding windows)")
     cache.reserve(context + ROWS - cache.length)
     device, dtype = runner.device, runner.dtype

@@ -191,6 +191,13 @@ MUTANTS = [
         "return 0",
         ("tests/test_batch_engine.py", "-k", "short_prompt_gets_its_first_token"),
     ),
+    Mutant(
+        "gpu-row-tiles-left-unpadded",
+        "quickdraft/models/native/weights.py",
+        "padded = F.pad(x, (0, 0, 0, -n % self.row_tile))",
+        "padded = x",
+        ("tests/test_devices.py", "-k", "row_tiles or verification_rows"),
+    ),
 ]
 
 

@@ -59,8 +59,8 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="where the models run: cpu, or cuda (cuda:N for GPU N), where the native runtime computes in bfloat16 "
-        "(--dtype auto) or float32; int8 and gguf weights are CPU kernels (default cpu)",
+        help="where the models run: cpu, or cuda (cuda:N for GPU N), where the native runtime computes in float32 "
+        "(--dtype auto) or bfloat16; int8 and gguf weights are CPU kernels (default cpu)",
     )
 
 

@@ -17,6 +17,7 @@ from quickdraft.commands.arguments import (
 )
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.errors import UsageError
+from quickdraft.models.loading import check_device
 
 
 def register(subparsers) -> None:
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import method_table
     from quickdraft.bench.summary import OVERALL
 
+    if not args.from_results:
+        check_device(args.device)  # before --out is created
     out = output_dir(args.out)
     results = _read_results(args.from_results) if args.from_results else _measure(args)
     paths = write_outputs(results, out)

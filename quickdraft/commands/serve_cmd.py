@@ -21,6 +21,7 @@ from quickdraft.commands.arguments import add_batch_arguments, add_model_argumen
 from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
+from quickdraft.models.loading import check_device
 from quickdraft.server.settings import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_READ_TIMEOUT,
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)  # checked before listening
+    check_device(args.device)
     _check_port(args.port)
     app = create_app(settings)
     config = uvicorn.Config(

@@ -61,14 +61,14 @@ def load_model_dir(
     return LoadedModel(runner=runner, tokenizer=tokenizer, config=config)
 
 
-def check_device(device: str) -> torch.device:
-    """The torch device `device` names; UsageError when it names none, or one torch cannot run on here."""
+def check_device(device: str) -> None:
+    """UsageError when `device` names no torch device, or one torch cannot run on here."""
     try:
         torch_device = torch.device(device)
     except (RuntimeError, ValueError) as exc:
         raise UsageError(f"--device {device!r} names no device ({one_line(exc)}); use cpu, or cuda for a GPU") from exc
     if torch_device.type == "cpu":
-        return torch_device
+        return
     if torch_device.type != "cuda":
         raise UsageError(f"--device {device}: quickdraft runs on cpu or cuda (cuda:N for GPU N); use one of those")
     if not torch.cuda.is_available():
@@ -78,7 +78,6 @@ def check_device(device: str) -> torch.device:
         )
     if (torch_device.index or 0) >= torch.cuda.device_count():
         raise UsageError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
-    return torch_device
 
 
 def transformers_model(model: LoadedModel) -> PreTrainedModel:
@@ -117,7 +116,7 @@ def _build_runner(
     """The native runner when the architecture has one (unless runtime="hf"), else transformers.
 
     dtype "auto" means the native default (`default_native_dtype`: on the CPU the GGUF's own blocks for a model
-    converted from one, else int8; bfloat16 on a GPU) on the native runner and float32 on the transformers runner.
+    converted from one, else int8; float32 on a GPU) on the native runner and float32 on the transformers runner.
     """
     if runtime in ("auto", "native"):
         from quickdraft.models.native import default_native_dtype, native_runner_for

@@ -36,10 +36,12 @@ def default_native_dtype(from_gguf: bool, device: str = "cpu") -> str:
     built-in models, and closer to the file's weights); any other on int8 weights per row. Measured with
     `quickdraft bench-runtime --dtypes gguf` (docs/native_runtime.md).
 
-    On a GPU, where those kernels do not run, bfloat16: its dense products run in fixed tiles of rows there
-    (`weights.dense_row_tile`), so its verification rows equal its 1-token rows too."""
+    On a GPU, where those kernels do not run, float32: dense products run in fixed tiles of rows there
+    (`weights.dense_row_tile`), so verification rows equal 1-token rows in float32 and bfloat16 alike, and float32
+    decoded faster than bfloat16 on both built-in models' shapes on an H200 (63 and 47 tok/s in bfloat16, 68 and
+    82 in float32: `scripts/gpu_check.py`, docs/native_runtime.md "On a GPU")."""
     if torch.device(device).type != "cpu":
-        return "bfloat16"
+        return "float32"
     return "gguf" if from_gguf else "int8"
 
 

@@ -5,10 +5,11 @@ beyond the activations; see `spec.py` for what distinguishes the supported famil
 
 The runner holds several sequences, one `KVCache` slot each (`BatchRunner`). A batched forward
 stacks every sequence's new tokens into one [N, d] activation: embeddings, norms and RoPE run over
-all N rows at once, the matrix products over all verification rows at once in int8 and over each
-prompt block on its own (see `Linear.batched` for why each row equals its sequence's own), while
-attention runs per sequence over its own cache with exactly the shapes a forward of that sequence
-alone would use. The batch-1 `ModelRunner` methods work on slot 0.
+all N rows at once, the matrix products over all verification rows at once where the form is
+row-invariant (int8, a GGUF's blocks, dense tiles on a GPU) and over each prompt block on its own (see
+`Linear.batched` for why each row equals its sequence's own), while attention runs per sequence over its
+own cache with exactly the shapes a forward of that sequence alone would use. The batch-1 `ModelRunner`
+methods work on slot 0.
 """
 
 import itertools

@@ -143,9 +143,10 @@ class Linear:
         in a forward of their own sequence alone, bit for bit.
 
         Verification rows through a row-invariant kernel run one product over all of them:
-        `_weight_int8pack_mm` and the block kernels compute every row the same way whatever the row count.
-        Dense float kernels do not (oneDNN changes blocking and accumulation with the row count), so each group
-        of verification rows gets a product of its own, shaped as it would be alone. int4 blocks run prompt blocks
+        `_weight_int8pack_mm`, the block kernels and dense products in fixed tiles (`row_tile`, off the CPU)
+        compute every row the same way whatever the row count. Untiled dense float kernels do not (oneDNN changes
+        blocking and accumulation with the row count), so each group of verification rows gets a product of its
+        own, shaped as it would be alone. int4 blocks run prompt blocks
         through the same kernel, in the one product of all rows. Other forms give a prompt block a product of its
         own (dense; the de-quantized matrix for int8 and 8-bit groups): its shape depends only on the prompt, never
         on the load.
