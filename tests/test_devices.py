@@ -172,6 +172,7 @@ def test_a_device_torch_cannot_run_on_is_a_usage_error(tiny_dirs, device, messag
         ["bench", "--prompts", "PROMPTS", "--out", "OUT"],
         ["bench-runtime", "--models", "MODEL"],
         ["batch", "BATCH", "--out", "OUT"],
+        ["serve"],
     ],
 )
 def test_every_command_with_device_says_in_one_line_that_the_gpu_is_missing_and_exits_2(tiny_dirs, tmp_path, command):
@@ -181,7 +182,7 @@ def test_every_command_with_device_says_in_one_line_that_the_gpu_is_missing_and_
     batch.write_text('{"prompt": "hi"}\n')
     places = {"PROMPTS": prompts, "BATCH": batch, "OUT": tmp_path / "out", "MODEL": tiny_dirs["llama"]}
     arguments = [str(places.get(a, a)) for a in command]
-    if command[0] in ("generate", "bench", "batch"):
+    if command[0] in ("generate", "bench", "batch", "serve"):
         arguments += ["--model", str(tiny_dirs["llama"])]
     done = subprocess.run(
         [sys.executable, "-m", "quickdraft", *arguments, "--device", "cuda"],
