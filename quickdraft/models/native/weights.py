@@ -172,7 +172,8 @@ class Linear:
         """x [n, in] -> [n, out] in products of exactly `row_tile` rows each, zero rows padding the last."""
         n = x.shape[0]
         padded = F.pad(x, (0, 0, 0, -n % self.row_tile))  # [tiles * row_tile, in]
-        return torch.cat([F.linear(tile, self.weight, self.bias) for tile in padded.split(self.row_tile)])[:n]
+        products = [F.linear(tile, self.weight, self.bias) for tile in padded.split(self.row_tile)]
+        return (products[0] if len(products) == 1 else torch.cat(products))[:n]  # one tile: no copy
 
     def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
         if self._prompt_weight is None:
