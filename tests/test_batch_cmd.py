@@ -78,7 +78,7 @@ def test_a_bad_line_is_refused_before_anything_runs(tmp_path, line, message):
 
 
 def test_step_tokens_reach_the_engine_and_a_bad_value_is_refused_before_loading(tiny_dirs, tmp_path):
-    flags = dict(drafter="ngram", k=3, k_max=8, runtime="native", dtype="int8", threads=None)
+    flags = dict(drafter="ngram", k=3, k_max=8, runtime="native", dtype="int8", device="cpu", threads=None)
     engine = load_engine(argparse.Namespace(model=str(tiny_dirs["llama"]), **flags), max_batch=2, step_tokens=5)
     assert (engine.max_batch, engine.step_tokens) == (2, 5)
     source = tmp_path / "in.jsonl"
