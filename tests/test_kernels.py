@@ -9,6 +9,7 @@ however many threads run it. The attention kernel is checked against torch's sof
 contract.
 """
 
+import hashlib
 from functools import partial
 
 import pytest
@@ -18,6 +19,7 @@ from quickdraft.models.native.kernels import (
     attend,
     eight_bit_matmul,
     four_bit_matmul,
+    instruction_set,
     pack_eight_bit,
     pack_four_bit,
     rms_norm,
@@ -104,6 +106,49 @@ def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind,
         assert torch.equal(product(x), together)
     finally:
         torch.set_num_threads(threads)
+
+
+# sha256 (first 16 hex digits) of `test_block_products_are_the_same_bits_on_every_instruction_set`'s outputs, taken
+# on one machine with every instruction set it runs (QUICKDRAFT_KERNELS_ISA=avx512vnni, avxvnni, avx2, portable):
+# all four gave these.
+PRODUCT_DIGESTS = {
+    ("four_bit", torch.float32): "b16a934dd5029765",
+    ("four_bit", torch.bfloat16): "55765cc1680a423a",
+    ("eight_bit", torch.float32): "3962c8b5a1570ed7",
+    ("eight_bit", torch.bfloat16): "ef6f0c6685f2bcd1",
+    ("four_bit_half_scales", torch.float32): "44b5bedb369f3077",
+    ("four_bit_half_scales", torch.bfloat16): "2e761dd6b5660fa9",
+    ("eight_bit_half_scales", torch.float32): "424f23d23d7b3cb9",
+    ("eight_bit_half_scales", torch.bfloat16): "d6dbaa4752295eae",
+    ("eight_bit_per_16", torch.float32): "a8fd2ee6916fba98",
+    ("eight_bit_per_16", torch.bfloat16): "b1ef5b95323147b5",
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_products_are_the_same_bits_on_every_instruction_set(kind, dtype):
+    """Whichever instruction set this machine built (VNNI's byte dot products, AVX2's pairwise multiply-adds or the
+    portable loops), a product is the bits recorded above: the integer group sums are exact either way and every
+    float step is the same operation in the same order. So a model's outputs do not depend on the CPU it runs on."""
+    product, _ = random_matrix(kind, 70, 256, seed=5)
+    x = (torch.randn(9, 256, generator=torch.Generator().manual_seed(6)) * 4).to(dtype)
+    digest = hashlib.sha256()
+    for rows in (1, 4, 9):
+        digest.update(product(x[:rows]).contiguous().view(torch.uint8).numpy().tobytes())
+    assert digest.hexdigest()[:16] == PRODUCT_DIGESTS[kind, dtype], f"instruction set {instruction_set()}"
+
+
+def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatch):
+    from quickdraft.errors import ModelError
+
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx9000")
+    with pytest.raises(
+        ModelError, match=r"^QUICKDRAFT_KERNELS_ISA=avx9000 is not one this CPU runs; use one of .*portable$"
+    ):
+        instruction_set()
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "portable")
+    assert instruction_set() == "portable"
 
 
 def test_block_products_refuse_shapes_they_cannot_compute():

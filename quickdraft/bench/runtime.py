@@ -45,6 +45,7 @@ from quickdraft.measure import interleave, measure
 from quickdraft.models.base import ModelRunner, synchronize
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import default_native_dtype, native_runner_for
+from quickdraft.models.native.kernels import instruction_set
 from quickdraft.models.store import converted_from, gguf_source, local_model_dir
 from quickdraft.text import encode_prompt
 
@@ -214,6 +215,7 @@ def summary_object(
     summary = {
         "model": model,
         "device": device,
+        "cpu_kernels": instruction_set() if device == "cpu" else None,
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_per_second": bandwidth / 1e9,
         "default_dtype": default_dtype,
@@ -249,8 +251,9 @@ def summary_object(
 def format_table(summary: dict) -> str:
     """Human-readable table of one model's summary."""
     hf = summary["hf_tokens_per_second"]
+    kernels = f", {summary['cpu_kernels']} kernels" if summary["cpu_kernels"] else ""
     lines = [
-        f"{summary['model']}  ({summary['device']}, {summary['threads']} threads, batch 1, medians; "
+        f"{summary['model']}  ({summary['device']}{kernels}, {summary['threads']} threads, batch 1, medians; "
         f"read bandwidth {summary['read_bandwidth_gb_per_second']:.1f} GB/s)",
         f"  {'runner':<18}{'tok/s':>8}{'vs hf':>8}{'matmuls only':>14}{'MB/token':>10}{'bw ceiling':>12}{'of it':>7}"
         f"   v(1..8) at {VERIFY_CONTEXT} ctx",

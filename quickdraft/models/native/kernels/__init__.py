@@ -30,7 +30,14 @@ from quickdraft.models.native.kernels import portable
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
 PANEL_ROWS = 8  # weight rows of a 4-bit panel (`pack_four_bit`): blocks.cpp's FourBitPanels::kColumns
+# Each instruction set the kernels are built for: the /proc/cpuinfo flags it needs, and the compiler's -m flags.
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
+INSTRUCTION_SETS = {
+    "avx512vnni": ((*_AVX2_FLAGS, "avx512f", "avx512vl", "avx512_vnni"), (*_AVX2_FLAGS, "avx512vl", "avx512vnni")),
+    "avxvnni": ((*_AVX2_FLAGS, "avx_vnni"), (*_AVX2_FLAGS, "avxvnni")),
+    "avx2": (_AVX2_FLAGS, _AVX2_FLAGS),
+    "portable": ((), ()),
+}
 
 
 def cpu_flags() -> frozenset[str]:
@@ -44,8 +51,19 @@ def cpu_flags() -> frozenset[str]:
 
 
 def instruction_set() -> str:
-    """ "avx2" where the CPU has AVX2, FMA and F16C (the vector path), else "portable"."""
-    return "avx2" if set(_AVX2_FLAGS) <= cpu_flags() else "portable"
+    """The first of INSTRUCTION_SETS whose flags the CPU has: "avx512vnni" or "avxvnni" (AVX2 with byte dot
+    products into 32-bit lanes), "avx2" (AVX2, FMA and F16C), else "portable". QUICKDRAFT_KERNELS_ISA names one
+    to build instead (one this CPU runs), to compare the sets' bits on one machine."""
+    flags = cpu_flags()
+    chosen = os.environ.get("QUICKDRAFT_KERNELS_ISA")
+    if chosen is not None:
+        if chosen not in INSTRUCTION_SETS or not set(INSTRUCTION_SETS[chosen][0]) <= flags:
+            runnable = [name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags]
+            raise ModelError(
+                f"QUICKDRAFT_KERNELS_ISA={chosen} is not one this CPU runs; use one of {', '.join(runnable)}"
+            )
+        return chosen
+    return next(name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags)
 
 
 @cache
@@ -55,7 +73,7 @@ def kernels():
     from torch.utils.cpp_extension import load
 
     variant = instruction_set()
-    arch = [f"-m{flag}" for flag in _AVX2_FLAGS] if variant == "avx2" else []
+    arch = [f"-m{flag}" for flag in INSTRUCTION_SETS[variant][1]]
     try:
         load(
             name=f"quickdraft_blocks_{variant}",

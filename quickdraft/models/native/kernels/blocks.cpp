@@ -28,6 +28,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define QUICKDRAFT_AVX2 1
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define QUICKDRAFT_VNNI 1  // byte dot products straight into 32-bit lanes (vpdpbusd)
+#endif
 #endif
 
 namespace quickdraft {
@@ -195,6 +198,17 @@ float scale_at(const uint8_t* p, c10::Half) {
 
 #ifdef QUICKDRAFT_AVX2
 
+#ifdef QUICKDRAFT_VNNI
+// sums + each 32-bit lane's 4 products of unsigned bytes by signed bytes, in int32 (vpdpbusd)
+inline __m256i add_byte_dots(__m256i sums, __m256i unsigned_bytes, __m256i signed_bytes) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpbusd_epi32(sums, unsigned_bytes, signed_bytes);
+#else
+  return _mm256_dpbusd_avx_epi32(sums, unsigned_bytes, signed_bytes);
+#endif
+}
+#endif
+
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline __m256i halves_of(const int8_t* p) {  // 16 bytes, in both 128-bit lanes
@@ -222,19 +236,35 @@ inline __m256 eight_values(const uint8_t* p, c10::Half) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// A panel group's running integer sums for one row: unsigned weights (low, high) times that row's signed activations
+// (first, second), 4 consecutive products per 32-bit lane of column c. With VNNI, each lane adds its 4 products
+// into one int32; without, the pairs add up in two int16 lanes (each at most 8 * 2 * 15 * 127 = 30480) and
+// `column_dots` widens them once. The same exact integers either way.
+#ifdef QUICKDRAFT_VNNI
+inline __m256i add_byte_products(__m256i sums, __m256i low, __m256i first, __m256i high, __m256i second) {
+  return add_byte_dots(add_byte_dots(sums, low, first), high, second);
+}
+inline __m256 column_dots(__m256i sums) { return _mm256_cvtepi32_ps(sums); }
+#else
+inline __m256i add_byte_products(__m256i sums, __m256i low, __m256i first, __m256i high, __m256i second) {
+  return _mm256_add_epi16(sums, _mm256_add_epi16(_mm256_maddubs_epi16(low, first), _mm256_maddubs_epi16(high, second)));
+}
+inline __m256 column_dots(__m256i sums) { return _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, _mm256_set1_epi16(1))); }
+#endif
+
 template <typename Scale>
 template <int R>
 void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   __m256 acc[R];  // lane c: column c
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 128), _MM_HINT_T0);
-    __m256i sums[R];  // int16 lanes 2c, 2c + 1: column c
+    __m256i sums[R];  // column c: int32 lane c (VNNI), or int16 lanes 2c and 2c + 1
     for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int64_t v = 0; v < 4; ++v) {
       const __m256i nibbles = load32(p + 32 * v);
@@ -244,15 +274,14 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
         const int8_t* q = x.q.data() + (row + r) * width + g * kGroup + 4 * v;
         const __m256i first = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q)));
         const __m256i second = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 16)));
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(_mm256_maddubs_epi16(low, first),
-                                                             _mm256_maddubs_epi16(high, second)));
+        sums[r] = add_byte_products(sums[r], low, first, high, second);
       }
     }
     const __m256 scales = eight_values(p + kScales, Scale());
     const __m256 offsets = eight_values(p + kOffsets, Scale());
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
-      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));  // lane c: column c, exact
+      const __m256 dots = column_dots(sums[r]);  // lane c: column c, exact
       acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scales, _mm256_set1_ps(x.scale[at])), acc[r]);
       acc[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(x.sum[at]), acc[r]);
     }
@@ -261,8 +290,12 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
 }
 
 inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 lanes; both signed, |values| <= 127
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(activations, weights));
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  const __m256i magnitudes = _mm256_sign_epi8(weights, weights), signs = _mm256_sign_epi8(activations, weights);
+#ifdef QUICKDRAFT_VNNI
+  return add_byte_dots(_mm256_setzero_si256(), magnitudes, signs);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signs), _mm256_set1_epi16(1));  // pairs <= 2 * 127 * 127
+#endif
 }
 
 template <typename Scale, bool kHalves>
@@ -301,7 +334,7 @@ void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, in
   }
 }
 
-#else  // portable fallback: the same sums, in one lane
+#else  // portable fallback: the same sums, in one lane, the same bits
 
 template <typename Scale>
 template <int R>
@@ -344,7 +377,7 @@ void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, in
           const float scale = scale_at(p + kScales + sizeof(Scale) * slot, Scale());
           int32_t dot = 0;
           for (int64_t j = 16 * half; j < 16 * half + 16; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
-          total[half] += scale * x.scale[(row + r) * groups + g] * static_cast<float>(dot);
+          total[half] = std::fma(static_cast<float>(dot), scale * x.scale[(row + r) * groups + g], total[half]);
         }
       }
       out[r][c] = total[0] + total[1];
