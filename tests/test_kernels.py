@@ -167,8 +167,8 @@ def test_block_products_refuse_shapes_they_cannot_compute():
         four_bit_matmul(torch.randn(2, 64).half(), packed, 8)
     with pytest.raises(RuntimeError, match="contiguous uint8"):
         eight_bit_matmul(torch.randn(2, 64), torch.zeros(2, 2, 144, dtype=torch.int8), 8)
-    with pytest.raises(RuntimeError, match=r"\[ceil\(N / 4\), K / 32, 136, 144 or 160\]"):
-        eight_bit_matmul(torch.randn(2, 64), packed, 8)  # 4-bit panels are not 8-bit tiles
+    with pytest.raises(RuntimeError, match=r"\[ceil\(N / 8\), K / 32, 272, 288 or 320\]"):
+        eight_bit_matmul(torch.randn(2, 64), packed, 8)  # 4-bit panels are not 8-bit panels
 
 
 @pytest.mark.parametrize("half", [True, False])
@@ -205,26 +205,35 @@ def test_four_bit_panels_hold_four_consecutive_weights_of_eight_rows_per_nibble_
             pack_four_bit(weights.view(rows, width), scales, offsets, torch.float16)
 
 
-def test_eight_bit_tiles_with_a_scale_per_16_weights_hold_both_halves_scales():
-    """`pack_eight_bit` with scales [N, K / 16] puts row 4t + c's group g at tile t, group g: values at slot c,
-    then float32 scales of weights 0-15 at slot c, then those of weights 16-31 at slot 4 + c; rows past N zero."""
-    values = torch.arange(6 * 64, dtype=torch.int32).remainder(255).sub(127).to(torch.int8).view(6, 64)  # K = 64
-    scales = torch.arange(24, dtype=torch.float32).view(6, 4) / 3  # not float16 values: float32 either way
+@pytest.mark.parametrize("scale_kind", ["float16", "float32", "per_16"])
+def test_eight_bit_panels_hold_four_consecutive_weights_of_eight_rows_per_quad(scale_kind):
+    """`pack_eight_bit` puts weight 4v + i of row 8p + c's group g in panel p, group g, byte 32v + 4c + i; then the 8
+    rows' scales (float16 when every one is a float16 value, else float32), or with scales [N, K / 16] the 8 rows'
+    float32 scales of weights 0-15, then their 8 of weights 16-31; rows past N are zeros."""
+    rows, width = 11, 64
+    values = torch.arange(rows * width, dtype=torch.int32).remainder(255).sub(127).to(torch.int8).view(rows, width)
+    values = values.roll(3, dims=0)  # no two rows alike
+    per_group = 2 if scale_kind == "per_16" else 1
+    scales = torch.arange(rows * 2 * per_group, dtype=torch.float32).view(rows, -1) / (
+        8 if scale_kind == "float16" else 3
+    )
+    dtype = torch.float16 if scale_kind == "float16" else torch.float32
     packed = pack_eight_bit(values, scales)
-    assert packed.shape == (2, 2, 128 + 8 * 4)
-    for row in range(8):
-        tile, slot = divmod(row, 4)
+    assert packed.shape == (2, 2, 256 + 8 * per_group * dtype.itemsize) and packed.dtype == torch.uint8
+    for row in range(16):
+        panel, slot = divmod(row, 8)
         for group in range(2):
-            block = packed[tile, group]
-            got_values = block[32 * slot : 32 * slot + 32].view(torch.int8)
-            got_scales = block[128:].view(torch.float32)[[slot, 4 + slot]]
-            if row < 6:
+            block = packed[panel, group]
+            got_values = block[:256].view(8, 8, 4)[:, slot].reshape(32).view(torch.int8)
+            got_scales = block[256:].view(dtype).view(per_group, 8)[:, slot].float()
+            if row < rows:
                 assert torch.equal(got_values, values[row, 32 * group : 32 * group + 32])
-                assert torch.equal(got_scales, scales[row, 2 * group : 2 * group + 2])
+                assert torch.equal(got_scales, scales[row, per_group * group : per_group * (group + 1)])
             else:
                 assert not got_values.any() and not got_scales.any()
-    with pytest.raises(ValueError, match="carried as float32"):
-        pack_eight_bit(values, scales.half().float(), torch.float16)
+    if scale_kind != "float16":
+        with pytest.raises(ValueError, match="carried as float32|cannot be carried exactly"):
+            pack_eight_bit(values, scales, torch.float16)
 
 
 def reference_attention(queries, keys, values, sequence, begin, end, scale) -> torch.Tensor:

@@ -11,7 +11,7 @@ super-block's fp16 d (their product is exact in float32). `EightBitBlocks` holds
 per group of 32 (or 16), exactly.
 
 quickdraft's own kernels (`kernels.four_bit_matmul`, `kernels.eight_bit_matmul`) read these blocks rearranged in
-panels of 8 rows or tiles of 4 (`kernels.pack_four_bit`, `pack_eight_bit`), values unchanged: the weights they compute
+panels of 8 rows (`kernels.pack_four_bit`, `pack_eight_bit`), values unchanged: the weights they compute
 with are the file's, exactly; like llama.cpp, they quantize the activations to int8 per
 group of 32. Other formats (Q5_K, Q2_K, Q3_K, IQ*, ...) have no such kernel here; their matrices keep the
 int8 per-row form the `int8` dtype uses (`weights.load_weights` decides per matrix).

@@ -4,7 +4,7 @@ first use.
 `four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
 (weight = nibble * scale + offset, one scale and offset per 32 weights of a row), and
 `eight_bit_matmul(x, packed, outputs)` of int8 groups (weight = value * scale, a scale per 32 weights or per 16),
-the weights packed once (`pack_four_bit`: panels of 8 rows; `pack_eight_bit`: tiles of 4 rows) so that each thread
+the weights packed once (`pack_four_bit`, `pack_eight_bit`: panels of 8 rows) so that each thread
 reads one sequential stream, computed as llama.cpp computes its block products: every activation row quantized to
 int8 per group of 32, integer dot products per group, scaled and summed in float32 in group order. The contract
 the runtime relies on: each output row is a function of its own input row only, bit for bit, whatever the row
@@ -97,7 +97,7 @@ def four_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> torc
 
 
 def eight_bit_matmul(x: torch.Tensor, packed: torch.Tensor, outputs: int) -> torch.Tensor:
-    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_eight_bit`'s tiles of the weight. The same
+    """x [M, K] @ weight.T -> [M, outputs] in x's dtype; packed: `pack_eight_bit`'s panels of the weight. The same
     arithmetic and row contract as `four_bit_matmul`."""
     return kernels().eight_bit_matmul(x.contiguous(), packed, outputs)
 
@@ -123,20 +123,22 @@ def pack_four_bit(
 
 def pack_eight_bit(values: torch.Tensor, scales: torch.Tensor, carrier: torch.dtype | None = None) -> torch.Tensor:
     """A matrix of int8 groups as `eight_bit_matmul` reads it: values [N, K] int8 in -127..127, scales [N, K // 32]
-    -> uint8 [ceil(N / 4), K // 32, 136 or 144]: per tile of 4 rows and group, the 4 rows' 32 values, then their 4
-    scales (float16 where all are float16 values exactly, else float32; or as `carrier` says). Scales [N, K // 16]
-    (a scale per 16 weights, Q6_K's) -> [ceil(N / 4), K // 32, 160]: the 4 rows' 32 values, then their 4 scales
-    of weights 0-15, then their 4 of weights 16-31, always float32."""
-    value_tiles = _tiles(values.view(values.shape[0], -1, 32))  # [T, G, 4, 32]
-    tiles, groups = value_tiles.shape[:2]
+    -> uint8 [ceil(N / 8), K // 32, 272 or 288]. Per panel of 8 rows (zero rows past N) and group: 8 vectors of 32
+    bytes, vector v holding weights 4v..4v+3 of each of the 8 rows; then the 8 rows' scales (float16 where all are
+    float16 values exactly, else float32; or as `carrier` says). Scales [N, K // 16] (a scale per 16 weights, Q6_K's)
+    -> [ceil(N / 8), K // 32, 320]: the 8 rows' scales of weights 0-15, then their 8 of weights 16-31, always
+    float32. One sequential stream per panel."""
+    rows = values.shape[0]
+    weights = _tiles(values.view(rows, -1, 32), PANEL_ROWS)  # [P, G, 8 rows, 32]
+    panels, groups = weights.shape[:2]
+    vectors = weights.view(panels, groups, PANEL_ROWS, 8, 4).transpose(2, 3)  # [P, G, 8 quads, 8 rows, 4]
     if scales.shape[1] == 2 * groups:
         if carrier not in (None, torch.float32):
             raise ValueError(f"scales per 16 weights are carried as float32, not {carrier}")
-        scale_tiles = _tiles(scales.float().view(scales.shape[0], groups, 2)).transpose(2, 3)  # [T, G, 2 halves, 4]
+        per_row = _tiles(scales.float().view(rows, groups, 2), PANEL_ROWS).transpose(2, 3)  # [P, G, 2 halves, 8]
     else:
-        scale_tiles = _tiles(scales.to(_scale_dtype(carrier, scales))[..., None])  # [T, G, 4, 1]
-    parts = (value_tiles, scale_tiles)
-    return torch.cat([_bytes(part, tiles, groups) for part in parts], dim=2).contiguous()
+        per_row = _tiles(scales.to(_scale_dtype(carrier, scales))[..., None], PANEL_ROWS)  # [P, G, 8, 1]
+    return torch.cat([_bytes(part, panels, groups) for part in (vectors, per_row)], dim=2).contiguous()
 
 
 def _scale_dtype(carrier: torch.dtype | None, *factors: torch.Tensor) -> torch.dtype:
@@ -148,7 +150,7 @@ def _scale_dtype(carrier: torch.dtype | None, *factors: torch.Tensor) -> torch.d
     return carrier or (torch.float16 if exact else torch.float32)
 
 
-def _tiles(per_group: torch.Tensor, size: int = 4) -> torch.Tensor:
+def _tiles(per_group: torch.Tensor, size: int) -> torch.Tensor:
     """[N, G, width] -> [ceil(N / size), G, size, width]: rows in tiles of `size` (zeros past N), group-major
     within a tile."""
     rows, groups, width = per_group.shape

@@ -36,14 +36,14 @@
 namespace quickdraft {
 
 constexpr int64_t kGroup = 32;  // weights (and activations) per scale
-constexpr int64_t kTile = 4;    // output columns packed and computed together, sharing each activation group's loads
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the group being read that a product asks the cache for
 
 // One matrix's activations quantized per group of 32: x ~= q * scale; sum = scale * sum(q).
 struct QuantizedRows {
-  std::vector<int8_t> q;       // [M, K]
-  std::vector<float> scale;    // [M, K / 32]
-  std::vector<float> sum;      // [M, K / 32]
+  std::vector<int8_t> q;             // [M, K]
+  std::vector<float> scale;          // [M, K / 32]
+  std::vector<float> sum;            // [M, K / 32]
+  std::vector<int32_t> half_sums;    // [M, K / 32, 2]: sum(q) over a group's values 0-15, and over 16-31
 };
 
 float to_float(float v) { return v; }
@@ -77,7 +77,7 @@ inline int32_t lanes_sum(__m256i v) {  // exact: integers
 // The portable version's bits exactly: the same maximum (order-free), the same product per value, rounded half to
 // even (nearbyint's default mode), the same integer sum.
 template <typename T>
-void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
+void quantize_group(const T* x, int8_t* q, float* scale, float* sum, int32_t* half_sums) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 values[4], largest = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
@@ -98,15 +98,16 @@ void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
   const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  const int32_t total = lanes_sum(_mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3])));
+  half_sums[0] = lanes_sum(_mm256_add_epi32(ints[0], ints[1]));
+  half_sums[1] = lanes_sum(_mm256_add_epi32(ints[2], ints[3]));
   *scale = d;
-  *sum = d * static_cast<float>(total);
+  *sum = d * static_cast<float>(half_sums[0] + half_sums[1]);
 }
 
 #else
 
 template <typename T>
-void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
+void quantize_group(const T* x, int8_t* q, float* scale, float* sum, int32_t* half_sums) {
   float values[kGroup];
   float amax = 0.0f;
   for (int64_t i = 0; i < kGroup; ++i) {
@@ -115,14 +116,14 @@ void quantize_group(const T* x, int8_t* q, float* scale, float* sum) {
   }
   const float d = amax / 127.0f;
   const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
-  int32_t total = 0;
+  half_sums[0] = half_sums[1] = 0;
   for (int64_t i = 0; i < kGroup; ++i) {
     const int32_t v = static_cast<int32_t>(std::nearbyint(values[i] * inverse));  // ties to even
     q[i] = static_cast<int8_t>(v);
-    total += v;
+    half_sums[i / 16] += v;
   }
   *scale = d;
-  *sum = d * static_cast<float>(total);
+  *sum = d * static_cast<float>(half_sums[0] + half_sums[1]);
 }
 
 #endif
@@ -133,9 +134,11 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
   out.q.resize(rows * width);
   out.scale.resize(rows * groups);
   out.sum.resize(rows * groups);
+  out.half_sums.resize(rows * groups * 2);
   at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      quantize_group(x + g * kGroup, out.q.data() + g * kGroup, out.scale.data() + g, out.sum.data() + g);
+      quantize_group(x + g * kGroup, out.q.data() + g * kGroup, out.scale.data() + g, out.sum.data() + g,
+                     out.half_sums.data() + 2 * g);
     }
   });
 }
@@ -154,12 +157,14 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 // Every row takes the same instructions whatever the row count: a prompt block, a verification and a decode row
 // of the same input are the same bits.
 //
-// 8-bit groups, in tiles of kTile = 4 columns:
-//   eight-bit group: 4 x 32 int8 values, 4 scales
-//   eight-bit group of two halves (Q6_K's 16-weight groups): 4 x 32 int8 values, then 8 float32 scales, the 4
-//   columns' scales of weights 0-15, then those of weights 16-31
-// Each `tile<R>` computes the tile's columns for R consecutive activation rows: out[r][c] = sum over groups of the
-// weights' and activations' scales times the group's integer dot product, groups in order, every row with the
+// 8-bit groups, in panels of 8 columns (zeros past the last column). A panel group: 8 vectors of 32 bytes, vector v
+// holding int8 weights 4v..4v+3 of column 0, then of column 1, ... 7; then the 8 columns' scales (272 or 288
+// bytes), or for groups of two halves (Q6_K's 16-weight groups) their 8 float32 scales of weights 0-15, then their
+// 8 of weights 16-31 (320 bytes). One multiply-add takes 4 consecutive weights of all 8 columns against one row's 4
+// activations, into each column's sum over weights 0-15 or over 16-31 (exact integers):
+//   out[r][c] = (sum over groups, in order, of fma(dot over 0-15, scale 0-15 * activation scale))
+//             + (the same over weights 16-31)
+// Each `tile<R>` computes a panel's (or a tile's) columns for R consecutive activation rows, every row with the
 // same instructions.
 template <typename Scale>  // float or c10::Half
 struct FourBitPanels {
@@ -173,15 +178,15 @@ struct FourBitPanels {
 };
 
 template <typename Scale, bool kHalves = false>  // kHalves: a scale per 16 weights (float32 only)
-struct EightBitTiles {
+struct EightBitPanels {
   static_assert(!kHalves || sizeof(Scale) == 4, "half-group scales are float32");
-  static constexpr int64_t kColumns = kTile, kRows = 2;
-  static constexpr int64_t kScales = kTile * kGroup;
-  static constexpr int64_t kBytes = kScales + (kHalves ? 2 : 1) * kTile * sizeof(Scale);  // 136, 144 or 160
-  const uint8_t* packed;                                              // [tiles, groups, kBytes]
+  static constexpr int64_t kColumns = 8, kRows = 4;
+  static constexpr int64_t kScales = kColumns * kGroup;
+  static constexpr int64_t kBytes = kScales + (kHalves ? 2 : 1) * kColumns * sizeof(Scale);  // 272, 288 or 320
+  const uint8_t* packed;                                                    // [panels, groups, kBytes]
   int64_t groups;
   template <int R>
-  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const;
+  void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
 };
 
 float scale_at(const uint8_t* p, float) {
@@ -211,23 +216,9 @@ inline __m256i add_byte_dots(__m256i sums, __m256i unsigned_bytes, __m256i signe
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-inline __m256i halves_of(const int8_t* p) {  // 16 bytes, in both 128-bit lanes
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the last two
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
-}
-
-inline __m128 four_scales(const uint8_t* p, float) { return _mm_loadu_ps(reinterpret_cast<const float*>(p)); }
-inline __m128 four_scales(const uint8_t* p, c10::Half) {
-  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
-inline float quarter_sum(__m128 v) {  // the 4 lanes of a column, in a fixed order
-  const __m128 pairs = _mm_add_ps(v, _mm_movehl_ps(v, v));
   return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
 }
 
@@ -289,49 +280,58 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 
-inline __m256i signed_dot(__m256i weights, __m256i activations) {  // 8 int32 lanes; both signed, |values| <= 127
-  const __m256i magnitudes = _mm256_sign_epi8(weights, weights), signs = _mm256_sign_epi8(activations, weights);
+// An 8-bit panel's weights, loaded for the products of `add_signed_products`. With VNNI: as unsigned bytes w + 128,
+// whose products with a row's activations are the signed ones plus 128 times the activations' sum, which
+// `without_weight_bias` takes back (exact integers). Without: as they are, multiplied as |w| by the activations
+// with w's sign (pairs at most 2 * 127 * 127, then widened to 32 bits).
 #ifdef QUICKDRAFT_VNNI
-  return add_byte_dots(_mm256_setzero_si256(), magnitudes, signs);
+inline __m256i weight_bytes(const uint8_t* p) { return _mm256_xor_si256(load32(p), _mm256_set1_epi8(-128)); }
+inline __m256i add_signed_products(__m256i sums, __m256i weights, __m256i activations) {
+  return add_byte_dots(sums, weights, activations);
+}
+inline __m256i without_weight_bias(__m256i sums, int32_t activation_sum) {
+  return _mm256_sub_epi32(sums, _mm256_set1_epi32(128 * activation_sum));
+}
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, signs), _mm256_set1_epi16(1));  // pairs <= 2 * 127 * 127
+inline __m256i weight_bytes(const uint8_t* p) { return load32(p); }
+inline __m256i add_signed_products(__m256i sums, __m256i weights, __m256i activations) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(activations, weights));
+  return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+inline __m256i without_weight_bias(__m256i sums, int32_t) { return sums; }
 #endif
-}
-
-template <typename Scale, bool kHalves>
-inline __m256 eight_scales(const uint8_t* p) {  // [c0 c1 c2 c3 | c0 c1 c2 c3]: weights 0-15 | weights 16-31
-  if constexpr (kHalves) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  const __m128 four = four_scales(p, Scale());
-  return _mm256_set_m128(four, four);
-}
 
 template <typename Scale, bool kHalves>
 template <int R>
-void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const int64_t width = groups * kGroup;
-  __m256 acc[R];  // lanes c and c + 4: column c, weights 0-15 and 16-31 of each group
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 low[R], high[R];  // lane c: column c, over weights 0-15 | over 16-31 of each group
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
-    const __m256i w0 = load32(p), w1 = load32(p + 32), w2 = load32(p + 64), w3 = load32(p + 96);
-    const __m256 weight_scales = eight_scales<Scale, kHalves>(p + kScales);
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + line), _MM_HINT_T0);
+    }
+    __m256i weights[8];
+    for (int v = 0; v < 8; ++v) weights[v] = weight_bytes(p + 32 * v);
+    const __m256 low_scales = eight_values(p + kScales, Scale());
+    const __m256 high_scales = kHalves ? eight_values(p + kScales + 32, Scale()) : low_scales;
     for (int r = 0; r < R; ++r) {
       const int64_t at = (row + r) * groups + g;
-      const __m256i q = load32(x.q.data() + (row + r) * width + g * kGroup);
-      // [c0 c1 c2 c3 | c0 c1 c2 c3]: each column's dot product over weights 0-15 | over 16-31 (exact integers)
-      const __m256i dots = _mm256_hadd_epi32(_mm256_hadd_epi32(signed_dot(w0, q), signed_dot(w1, q)),
-                                             _mm256_hadd_epi32(signed_dot(w2, q), signed_dot(w3, q)));
-      const __m256 scales = _mm256_mul_ps(weight_scales, _mm256_set1_ps(x.scale[at]));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scales, acc[r]);
+      const int8_t* q = x.q.data() + (row + r) * width + g * kGroup;
+      __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  // weights 0-15, 16-31
+      for (int v = 0; v < 8; ++v) {  // row r's activations 4v..4v+3, in every 32-bit lane
+        const __m256i activations = _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(q + 4 * v)));
+        sums[v / 4] = add_signed_products(sums[v / 4], weights[v], activations);
+      }
+      const __m256 activation_scale = _mm256_set1_ps(x.scale[at]);
+      const __m256 low_dots = _mm256_cvtepi32_ps(without_weight_bias(sums[0], x.half_sums[2 * at]));
+      const __m256 high_dots = _mm256_cvtepi32_ps(without_weight_bias(sums[1], x.half_sums[2 * at + 1]));
+      low[r] = _mm256_fmadd_ps(low_dots, _mm256_mul_ps(low_scales, activation_scale), low[r]);
+      high[r] = _mm256_fmadd_ps(high_dots, _mm256_mul_ps(high_scales, activation_scale), high[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc[r]);
-    for (int c = 0; c < kTile; ++c) out[r][c] = lanes[c] + lanes[c + 4];
-  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], _mm256_add_ps(low[r], high[r]));
 }
 
 #else  // portable fallback: the same sums, in one lane, the same bits
@@ -364,19 +364,20 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
 
 template <typename Scale, bool kHalves>
 template <int R>
-void EightBitTiles<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kTile]) const {
+void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q.data() + (row + r) * groups * kGroup;
-    for (int c = 0; c < kTile; ++c) {
+    for (int c = 0; c < kColumns; ++c) {
       float total[2] = {0.0f, 0.0f};  // weights 0-15 and 16-31 of each group
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* p = packed + (t * groups + g) * kBytes;
-        const int8_t* values = reinterpret_cast<const int8_t*>(p + c * kGroup);
         for (int half = 0; half < 2; ++half) {
-          const int64_t slot = kHalves ? half * kTile + c : c;
+          const int64_t slot = kHalves ? half * kColumns + c : c;
           const float scale = scale_at(p + kScales + sizeof(Scale) * slot, Scale());
           int32_t dot = 0;
-          for (int64_t j = 16 * half; j < 16 * half + 16; ++j) dot += static_cast<int32_t>(values[j]) * q[g * kGroup + j];
+          for (int64_t j = 16 * half; j < 16 * half + 16; ++j) {
+            dot += static_cast<int32_t>(static_cast<int8_t>(p[(j / 4) * 32 + c * 4 + j % 4])) * q[g * kGroup + j];
+          }
           total[half] = std::fma(static_cast<float>(dot), scale * x.scale[(row + r) * groups + g], total[half]);
         }
       }
@@ -465,19 +466,19 @@ at::Tensor four_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   return product(x, Float{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
-// x [M, K] float32 or bfloat16; packed [ceil(N / 4), K / 32, 136, 144 or 160] (`kernels.pack_eight_bit`):
+// x [M, K] float32 or bfloat16; packed [ceil(N / 8), K / 32, 272, 288 or 320] (`kernels.pack_eight_bit`):
 // weight = value * scale, values in -127..127, a scale per 32 weights (float16 or float32) or per 16 (float32).
 // Returns x @ weight.T [M, N] in x's dtype.
 at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
   check_activations(x);
   const int64_t groups = x.size(1) / kGroup;
-  using Half = EightBitTiles<c10::Half>;
-  using Halves = EightBitTiles<float, true>;
+  using Half = EightBitPanels<c10::Half>;
+  using Halves = EightBitPanels<float, true>;
   const int64_t bytes =
-      check_packed(packed, x, outputs, kTile, {Half::kBytes, EightBitTiles<float>::kBytes, Halves::kBytes});
+      check_packed(packed, x, outputs, Half::kColumns, {Half::kBytes, EightBitPanels<float>::kBytes, Halves::kBytes});
   if (bytes == Half::kBytes) return product(x, Half{packed.data_ptr<uint8_t>(), groups}, outputs);
   if (bytes == Halves::kBytes) return product(x, Halves{packed.data_ptr<uint8_t>(), groups}, outputs);
-  return product(x, EightBitTiles<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
+  return product(x, EightBitPanels<float>{packed.data_ptr<uint8_t>(), groups}, outputs);
 }
 
 // ---- attention of query rows over a cache ----
