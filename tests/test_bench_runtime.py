@@ -12,7 +12,7 @@ from quickdraft.bench.runtime import VERIFY_KS, top1_agreement
 from quickdraft.cli import main
 from quickdraft.errors import UsageError
 from quickdraft.models.native import native_runner_for
-from quickdraft.models.native.kernels import instruction_set
+from quickdraft.models.native.kernels import built_instruction_set
 from quickdraft.models.store import gguf_source
 from tests.test_bench import PROMPTS, write_jsonl
 
@@ -40,7 +40,7 @@ def test_json_has_decode_speeds_verify_costs_and_ngram_speeds_per_runner(tmp_pat
     assert len(lines) == 1
     summary = json.loads(lines[0])
     assert summary["model"] == str(tiny_dirs["llama-long"]) and summary["threads"] == 1
-    assert summary["cpu_kernels"] == instruction_set()  # which of the kernels' instruction sets ran
+    assert summary["cpu_kernels"] == built_instruction_set()  # which of the kernels' instruction sets ran
     for key in ("hf_tokens_per_second", "native_fp32_tokens_per_second", "native_tokens_per_second"):
         assert summary[key] > 0
     assert (
@@ -68,7 +68,7 @@ def test_table_shows_ratios_against_the_transformers_runner(tiny_dirs, capsys):
     assert main(["bench-runtime", "--models", str(tiny_dirs["llama-long"]), "--repeats", "1", "--threads", "1"]) == 0
     table = capsys.readouterr().out
     assert "hf float32" in table and "native float32" in table and "1.00x" in table
-    assert f"(cpu, {instruction_set()} kernels, 1 threads" in table
+    assert f"(cpu, {built_instruction_set()} kernels, 1 threads" in table
     assert "ngram" not in table  # no dev prompts given
 
 

@@ -129,6 +129,16 @@ def test_greedy_output_equals_the_cache_free_reference(tiny_dirs, name, drafter,
         assert accepted < drafted
 
 
+# Repeated 6 times, each a prompt 8 to 64 tokens short of the tiny Llama's context. The tiny models are trained by the
+# tests, so their bits depend on the CPU: on an AVX-512 Xeon the first line's reference had a top-2 gap of 0.00086 (a
+# coin toss, below MIN_TOP2_GAP) where the others' were far apart. The test takes the first without a near-tie.
+CONTEXT_LIMIT_LINES = (
+    "The quick brown fox jumps over the lazy dog. The dog sleeps.",
+    "The lazy dog sleeps in the sun. The quick brown fox jumps.",
+    "A quick brown dog jumps over the lazy fox. The fox sleeps.",
+)
+
+
 @pytest.mark.parametrize("runtime", ["hf", "native"])
 def test_output_reaches_the_context_limit_exactly(tiny_dirs, runtime):
     """A prompt near the tiny Llama's 256-token context: the engine stops at the limit, with the reference's
@@ -136,11 +146,15 @@ def test_output_reaches_the_context_limit_exactly(tiny_dirs, runtime):
     name = "llama-corpus"
     target = _target(tiny_dirs[name], name, runtime)
     engine = engine_for(target, tiny_dirs, "ngram", 8)
-    prompt_ids = engine.encode("\n".join(["The quick brown fox jumps over the lazy dog. The dog sleeps."] * 6))
-    room = target.info.max_context - len(prompt_ids)
-    assert target.info.max_context == 256 and 8 < room < 64
-    expected, gap = cache_free_greedy(tiny_dirs[name], tuple(prompt_ids), room)
-    assert gap > MIN_TOP2_GAP
+    assert target.info.max_context == 256
+    for prompt_ids in (engine.encode("\n".join([line] * 6)) for line in CONTEXT_LIMIT_LINES):
+        room = target.info.max_context - len(prompt_ids)
+        assert 8 < room < 64
+        expected, gap = cache_free_greedy(tiny_dirs[name], tuple(prompt_ids), room)
+        if gap > MIN_TOP2_GAP:
+            break
+    else:
+        pytest.fail("every prompt's reference has a near-tie on this machine")
     result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=100, ignore_eos=True))
     assert result.token_ids == expected and result.finish_reason == "length"
     assert result.stats.accepted_tokens > 0

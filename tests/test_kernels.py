@@ -1,7 +1,7 @@
 """quickdraft's own CPU kernels (`models/native/kernels`): what they compute and the row contract.
 
-Each block product (4-bit groups with a scale and an offset, in panels of 8 rows; int8 groups with a scale, in
-tiles of 4) is checked against an
+Each block product (4-bit groups with a scale and an offset, or int8 groups with a scale, in panels of 8 rows) is
+checked against an
 emulation of its arithmetic in float64 (activations quantized to int8 per group of 32, exact integer dot
 products), against the exact float product within the bound that activation rounding allows, and for the
 contract the runtime's exactness rests on: every output row is the same bits whatever other rows share the call,
@@ -17,9 +17,9 @@ import torch
 
 from quickdraft.models.native.kernels import (
     attend,
+    built_instruction_set,
     eight_bit_matmul,
     four_bit_matmul,
-    instruction_set,
     pack_eight_bit,
     pack_four_bit,
     rms_norm,
@@ -92,7 +92,7 @@ def test_block_product_is_the_int8_activation_product_of_the_exact_weights(kind,
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind, dtype):
-    product, _ = random_matrix(kind, 70, 512, seed=2)  # 70 columns: tiles of 4 (panels of 8) and a remainder
+    product, _ = random_matrix(kind, 70, 512, seed=2)  # 70 columns: panels of 8 and a remainder of 6
     x = torch.randn(37, 512).to(dtype)
     together = product(x)
     assert torch.equal(together, torch.cat([product(x[i : i + 1]) for i in range(37)]))
@@ -136,19 +136,20 @@ def test_block_products_are_the_same_bits_on_every_instruction_set(kind, dtype):
     digest = hashlib.sha256()
     for rows in (1, 4, 9):
         digest.update(product(x[:rows]).contiguous().view(torch.uint8).numpy().tobytes())
-    assert digest.hexdigest()[:16] == PRODUCT_DIGESTS[kind, dtype], f"instruction set {instruction_set()}"
+    assert digest.hexdigest()[:16] == PRODUCT_DIGESTS[kind, dtype], f"instruction set {built_instruction_set()}"
 
 
 def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatch):
     from quickdraft.errors import ModelError
+    from quickdraft.models.native.kernels import instruction_sets
 
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "avx9000")
     with pytest.raises(
         ModelError, match=r"^QUICKDRAFT_KERNELS_ISA=avx9000 is not one this CPU runs; use one of .*portable$"
     ):
-        instruction_set()
+        instruction_sets()
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "portable")
-    assert instruction_set() == "portable"
+    assert instruction_sets() == ("portable",)
 
 
 def test_block_products_refuse_shapes_they_cannot_compute():
@@ -358,4 +359,25 @@ def test_a_machine_that_cannot_build_the_kernels_gets_a_clear_error(monkeypatch)
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     with pytest.raises(ModelError, match=r"need a C\+\+ compiler \(g\+\+\).*use --runtime hf"):
-        kernels_module.kernels.__wrapped__()  # the build itself, past the cache of this process's loaded kernels
+        kernels_module.built_instruction_set.__wrapped__()  # the build itself, past this process's cached one
+
+
+def test_a_compiler_that_cannot_build_the_best_set_builds_the_next_one(monkeypatch, capsys):
+    """An older compiler may not know a newer set's flags (GCC 10 has no -mavxvnni): the next set is built."""
+    import torch.utils.cpp_extension
+
+    from quickdraft.models.native import kernels as kernels_module
+
+    monkeypatch.delenv("QUICKDRAFT_KERNELS_ISA", raising=False)
+    monkeypatch.setattr(kernels_module, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx_vnni"}))
+    names = []
+
+    def old_compiler(name, extra_cflags, **_):
+        names.append(name)
+        if "-mavxvnni" in extra_cflags:
+            raise RuntimeError("c++: error: unrecognized command-line option '-mavxvnni'")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", old_compiler)
+    assert kernels_module.built_instruction_set.__wrapped__() == "avx2"
+    assert names == ["quickdraft_blocks_avxvnni", "quickdraft_blocks_avx2"]
+    assert "could not build the avxvnni kernels" in capsys.readouterr().err

@@ -45,7 +45,7 @@ from quickdraft.measure import interleave, measure
 from quickdraft.models.base import ModelRunner, synchronize
 from quickdraft.models.loading import load_model_dir
 from quickdraft.models.native import default_native_dtype, native_runner_for
-from quickdraft.models.native.kernels import instruction_set
+from quickdraft.models.native.kernels import built_instruction_set
 from quickdraft.models.store import converted_from, gguf_source, local_model_dir
 from quickdraft.text import encode_prompt
 
@@ -215,7 +215,7 @@ def summary_object(
     summary = {
         "model": model,
         "device": device,
-        "cpu_kernels": instruction_set() if device == "cpu" else None,
+        "cpu_kernels": built_instruction_set() if device == "cpu" else None,
         "threads": torch.get_num_threads(),
         "read_bandwidth_gb_per_second": bandwidth / 1e9,
         "default_dtype": default_dtype,

@@ -78,7 +78,7 @@ class Linear:
         self.bias = bias  # [out] or None
         self.row_tile = row_tile  # rows of each dense product (zero rows pad the last); None: all rows in one
         self.scales = None  # [out] when int8 per row
-        self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s panels or `pack_eight_bit`'s tiles (uint8)
+        self.weight = weight  # [out, in]; blocks: `kernels.pack_four_bit`'s or `pack_eight_bit`'s panels (uint8)
         self._blocks = blocks  # the file's blocks, kept for dense()
         if isinstance(blocks, FourBitBlocks):
             self.weight = pack_four_bit(blocks.integers(), blocks.scales, blocks.mins)

@@ -20,6 +20,7 @@ shared by machines with different CPUs never loads a build the CPU cannot run.
 """
 
 import os
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from quickdraft.errors import ModelError
 from quickdraft.models.native.kernels import portable
 
 SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
-PANEL_ROWS = 8  # weight rows of a 4-bit panel (`pack_four_bit`): blocks.cpp's FourBitPanels::kColumns
+PANEL_ROWS = 8  # weight rows of a panel (`pack_four_bit`, `pack_eight_bit`): blocks.cpp's kColumns of each
 # Each instruction set the kernels are built for: the /proc/cpuinfo flags it needs, and the compiler's -m flags.
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
 INSTRUCTION_SETS = {
@@ -50,44 +51,62 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
-def instruction_set() -> str:
-    """The first of INSTRUCTION_SETS whose flags the CPU has: "avx512vnni" or "avxvnni" (AVX2 with byte dot
-    products into 32-bit lanes), "avx2" (AVX2, FMA and F16C), else "portable". QUICKDRAFT_KERNELS_ISA names one
+def instruction_sets() -> tuple[str, ...]:
+    """The sets of INSTRUCTION_SETS whose flags the CPU has, best first: "avx512vnni" or "avxvnni" (AVX2 with byte
+    dot products into 32-bit lanes), "avx2" (AVX2, FMA and F16C), "portable". QUICKDRAFT_KERNELS_ISA names the one
     to build instead (one this CPU runs), to compare the sets' bits on one machine."""
     flags = cpu_flags()
+    runnable = tuple(name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags)
     chosen = os.environ.get("QUICKDRAFT_KERNELS_ISA")
-    if chosen is not None:
-        if chosen not in INSTRUCTION_SETS or not set(INSTRUCTION_SETS[chosen][0]) <= flags:
-            runnable = [name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags]
-            raise ModelError(
-                f"QUICKDRAFT_KERNELS_ISA={chosen} is not one this CPU runs; use one of {', '.join(runnable)}"
-            )
-        return chosen
-    return next(name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags)
+    if chosen is None:
+        return runnable
+    if chosen not in runnable:
+        raise ModelError(f"QUICKDRAFT_KERNELS_ISA={chosen} is not one this CPU runs; use one of {', '.join(runnable)}")
+    return (chosen,)
 
 
 @cache
-def kernels():
-    """`torch.ops.quickdraft`, once the library is built and loaded (first call). Raises ModelError with the
-    compiler's complaint if the build fails."""
+def built_instruction_set() -> str:
+    """Builds and loads the kernels for the best of `instruction_sets()` the compiler takes (first call; an older
+    compiler may not know a newer set's flags: the next set is tried, with a line on stderr) and returns its
+    name. Raises ModelError with the compiler's complaint if none builds."""
     from torch.utils.cpp_extension import load
 
-    variant = instruction_set()
-    arch = [f"-m{flag}" for flag in INSTRUCTION_SETS[variant][1]]
-    try:
-        load(
-            name=f"quickdraft_blocks_{variant}",
-            sources=SOURCES,
-            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *arch],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=os.environ.get("QUICKDRAFT_KERNELS_VERBOSE") == "1",
-        )
-    except (RuntimeError, OSError) as error:  # no compiler, no ninja, or a compile error
-        raise ModelError(
-            f"could not build quickdraft's CPU kernels ({error}); they need a C++ compiler (g++) and the Python "
-            "headers; install them, or use --runtime hf (the transformers runner, slower)"
-        ) from error
+    candidates = instruction_sets()
+    failures = []
+    for variant in candidates:
+        try:
+            load(
+                name=f"quickdraft_blocks_{variant}",
+                sources=SOURCES,
+                extra_cflags=[
+                    "-O3",
+                    "-ffp-contract=off",
+                    "-fopenmp",
+                    *(f"-m{f}" for f in INSTRUCTION_SETS[variant][1]),
+                ],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=os.environ.get("QUICKDRAFT_KERNELS_VERBOSE") == "1",
+            )
+            return variant
+        except (RuntimeError, OSError) as error:  # no compiler, no ninja, or a compile error
+            failures.append(error)
+            if variant != candidates[-1]:
+                print(
+                    f"quickdraft: could not build the {variant} kernels (QUICKDRAFT_KERNELS_VERBOSE=1 shows why); "
+                    "trying the next instruction set",
+                    file=sys.stderr,
+                )
+    raise ModelError(
+        f"could not build quickdraft's CPU kernels ({failures[0]}); they need a C++ compiler (g++) and the Python "
+        "headers; install them, or use --runtime hf (the transformers runner, slower)"
+    ) from failures[0]
+
+
+def kernels():
+    """`torch.ops.quickdraft`, once the library is built and loaded (`built_instruction_set`)."""
+    built_instruction_set()
     return torch.ops.quickdraft
 
 

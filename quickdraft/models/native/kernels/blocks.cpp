@@ -164,7 +164,7 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 // activations, into each column's sum over weights 0-15 or over 16-31 (exact integers):
 //   out[r][c] = (sum over groups, in order, of fma(dot over 0-15, scale 0-15 * activation scale))
 //             + (the same over weights 16-31)
-// Each `tile<R>` computes a panel's (or a tile's) columns for R consecutive activation rows, every row with the
+// Each `tile<R>` computes a panel's columns for R consecutive activation rows, every row with the
 // same instructions.
 template <typename Scale>  // float or c10::Half
 struct FourBitPanels {
@@ -389,20 +389,20 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
 #endif
 
 // Rows row..row+count-1 (count <= R) of tile t: the largest pass `tile<count>`, chosen at compile time.
-template <typename Tiles, int R = Tiles::kRows>
-void rows_pass(const Tiles& tiles, const QuantizedRows& x, int64_t row, int64_t count, int64_t t,
-               float (*out)[Tiles::kColumns]) {
+template <typename Panels, int R = Panels::kRows>
+void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_t count, int64_t t,
+               float (*out)[Panels::kColumns]) {
   if constexpr (R > 1) {
-    if (count < R) return rows_pass<Tiles, R - 1>(tiles, x, row, count, t, out);
+    if (count < R) return rows_pass<Panels, R - 1>(panels, x, row, count, t, out);
   }
-  tiles.template tile<R>(x, row, t, out);
+  panels.template tile<R>(x, row, t, out);
 }
 
-// x [M, K] @ weights.T -> [M, N] in x's dtype: tiles (of Tiles::kColumns columns) split among threads, every row of
-// a tile computed with the tile's weights hot in cache, Tiles::kRows rows at a time.
-template <typename T, typename Tiles>
-at::Tensor block_product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
-  constexpr int64_t kColumns = Tiles::kColumns, kRows = Tiles::kRows;
+// x [M, K] @ weights.T -> [M, N] in x's dtype: panels (of Panels::kColumns columns) split among threads, every row
+// of a panel computed with the panel's weights hot in cache, Panels::kRows rows at a time.
+template <typename T, typename Panels>
+at::Tensor block_product(const at::Tensor& x, const Panels& panels, int64_t outputs) {
+  constexpr int64_t kColumns = Panels::kColumns, kRows = Panels::kRows;
   const int64_t rows = x.size(0), width = x.size(1);
   QuantizedRows quantized;
   quantize_rows(x.data_ptr<T>(), rows, width, quantized);
@@ -414,7 +414,7 @@ at::Tensor block_product(const at::Tensor& x, const Tiles& tiles, int64_t output
       float values[kRows][kColumns];
       for (int64_t row = 0; row < rows; row += kRows) {
         const int64_t pass = std::min(kRows, rows - row);
-        rows_pass(tiles, quantized, row, pass, t, values);
+        rows_pass(panels, quantized, row, pass, t, values);
         for (int64_t r = 0; r < pass; ++r) {
           for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
         }
@@ -430,12 +430,12 @@ void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
 }
 
-// Checks `packed` against x and N (in tiles or panels of `columns`) and returns its bytes per group, one of `sizes`
+// Checks `packed` against x and N (in panels of `columns`) and returns its bytes per group, one of `sizes`
 // (which say the scales' form).
 int64_t check_packed(const at::Tensor& packed, const at::Tensor& x, int64_t outputs, int64_t columns,
                      std::initializer_list<int64_t> sizes) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && packed.dim() == 3,
-              "packed weights must be a contiguous uint8 [tiles or panels, groups, bytes] tensor (kernels.pack_*)");
+              "packed weights must be a contiguous uint8 [panels, groups, bytes] tensor (kernels.pack_*)");
   std::string names;
   bool known = false;
   for (const int64_t size : sizes) {
@@ -447,10 +447,10 @@ int64_t check_packed(const at::Tensor& packed, const at::Tensor& x, int64_t outp
   return packed.size(2);
 }
 
-template <typename Tiles>
-at::Tensor product(const at::Tensor& x, const Tiles& tiles, int64_t outputs) {
-  if (x.scalar_type() == at::kBFloat16) return block_product<c10::BFloat16>(x, tiles, outputs);
-  return block_product<float>(x, tiles, outputs);
+template <typename Panels>
+at::Tensor product(const at::Tensor& x, const Panels& panels, int64_t outputs) {
+  if (x.scalar_type() == at::kBFloat16) return block_product<c10::BFloat16>(x, panels, outputs);
+  return block_product<float>(x, panels, outputs);
 }
 
 // x [M, K] float32 or bfloat16; packed [ceil(N / 8), K / 32, 160 or 192] (`kernels.pack_four_bit`):

@@ -23,7 +23,7 @@ enum class Form : int64_t { kDense = 0, kInt8Rows = 1, kFourBit = 2, kEightBitGr
 
 struct Matrix {
   Form form;
-  at::Tensor weight;  // dense [out, in]; int8 rows [out, in]; blocks: kernels.pack_four_bit's or pack_eight_bit's tiles
+  at::Tensor weight;  // dense [out, in]; int8 rows [out, in]; blocks: kernels.pack_four_bit's or pack_eight_bit's panels
   int64_t outputs;    // out
   at::Tensor scales;  // int8 rows: [out]; else undefined
   at::Tensor bias;    // [out] or undefined
