@@ -336,6 +336,10 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
 
 #else  // portable fallback: the same sums, in one lane, the same bits
 
+// Where a panel group keeps weight i (0-31 for 8-bit groups; 0-15, with 16-31 in the high nibbles, for 4-bit) of
+// column c: vector i / 4, column c's 32-bit lane, byte i % 4.
+constexpr int64_t panel_byte(int64_t i, int64_t c) { return (i / 4) * 32 + c * 4 + i % 4; }
+
 template <typename Scale>
 template <int R>
 void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const {
@@ -348,7 +352,7 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
         const uint8_t* group = packed + (t * groups + g) * kBytes;
         int32_t dot = 0;
         for (int64_t i = 0; i < 16; ++i) {
-          const uint8_t byte = group[(i / 4) * 32 + c * 4 + i % 4];
+          const uint8_t byte = group[panel_byte(i, c)];
           dot += static_cast<int32_t>(byte & 0x0F) * q[g * kGroup + i] + static_cast<int32_t>(byte >> 4) * q[g * kGroup + i + 16];
         }
         const float scale = scale_at(group + kScales + sizeof(Scale) * c, Scale());
@@ -376,7 +380,7 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
           const float scale = scale_at(p + kScales + sizeof(Scale) * slot, Scale());
           int32_t dot = 0;
           for (int64_t j = 16 * half; j < 16 * half + 16; ++j) {
-            dot += static_cast<int32_t>(static_cast<int8_t>(p[(j / 4) * 32 + c * 4 + j % 4])) * q[g * kGroup + j];
+            dot += static_cast<int32_t>(static_cast<int8_t>(p[panel_byte(j, c)])) * q[g * kGroup + j];
           }
           total[half] = std::fma(static_cast<float>(dot), scale * x.scale[(row + r) * groups + g], total[half]);
         }
