@@ -381,3 +381,23 @@ def test_a_compiler_that_cannot_build_the_best_set_builds_the_next_one(monkeypat
     assert kernels_module.built_instruction_set.__wrapped__() == "avx2"
     assert names == ["quickdraft_blocks_avxvnni", "quickdraft_blocks_avx2"]
     assert "could not build the avxvnni kernels" in capsys.readouterr().err
+
+
+def test_the_kernels_are_built_for_the_best_set_this_compiler_takes():
+    """The fallback to the next instruction set is for compilers that do not know a set's flags. A compile error in
+    the vector code must not hide behind it: every bit test would still pass on the portable loops. So the set built
+    is the first one of `instruction_sets()` whose -m flags this machine's compiler accepts."""
+    import os
+    import subprocess
+
+    from quickdraft.models.native.kernels import INSTRUCTION_SETS, built_instruction_set, instruction_sets
+
+    compiler = os.environ.get("CXX", "c++")
+
+    def takes(name: str) -> bool:
+        flags = [f"-m{flag}" for flag in INSTRUCTION_SETS[name][1]]
+        check = subprocess.run([compiler, *flags, "-x", "c++", "-E", "-o", os.devnull, os.devnull], capture_output=True)
+        return check.returncode == 0
+
+    best = next(name for name in instruction_sets() if takes(name))
+    assert built_instruction_set() == best
