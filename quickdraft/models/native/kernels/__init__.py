@@ -34,7 +34,10 @@ PANEL_ROWS = 8  # weight rows of a panel (`pack_four_bit`, `pack_eight_bit`): bl
 # Each instruction set the kernels are built for: the /proc/cpuinfo flags it needs, and the compiler's -m flags.
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
 INSTRUCTION_SETS = {
-    "avx512vnni": ((*_AVX2_FLAGS, "avx512f", "avx512vl", "avx512_vnni"), (*_AVX2_FLAGS, "avx512vl", "avx512vnni")),
+    "avx512vnni": (
+        (*_AVX2_FLAGS, "avx512f", "avx512vl", "avx512_vnni"),
+        (*_AVX2_FLAGS, "avx512f", "avx512vl", "avx512vnni"),
+    ),
     "avxvnni": ((*_AVX2_FLAGS, "avx_vnni"), (*_AVX2_FLAGS, "avxvnni")),
     "avx2": (_AVX2_FLAGS, _AVX2_FLAGS),
     "portable": ((), ()),

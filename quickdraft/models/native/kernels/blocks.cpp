@@ -31,6 +31,9 @@
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
 #define QUICKDRAFT_VNNI 1  // byte dot products straight into 32-bit lanes (vpdpbusd)
 #endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define QUICKDRAFT_PANEL_PAIRS 1  // two panels' 16 columns in one 512-bit vector: the same lanes' work, half the passes
+#endif
 #endif
 
 namespace quickdraft {
@@ -175,6 +178,8 @@ struct FourBitPanels {
   int64_t groups;                                                          // K / 32
   template <int R>
   void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
+  template <int R>  // panels t and t + 1 in one pass, 16 columns to a 512-bit vector (QUICKDRAFT_PANEL_PAIRS)
+  void pair(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[2 * kColumns]) const;
 };
 
 template <typename Scale, bool kHalves = false>  // kHalves: a scale per 16 weights (float32 only)
@@ -187,6 +192,8 @@ struct EightBitPanels {
   int64_t groups;
   template <int R>
   void tile(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[kColumns]) const;
+  template <int R>
+  void pair(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[2 * kColumns]) const;
 };
 
 float scale_at(const uint8_t* p, float) {
@@ -334,6 +341,100 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], _mm256_add_ps(low[r], high[r]));
 }
 
+#ifdef QUICKDRAFT_PANEL_PAIRS
+// Two panels at once: lanes 0-7 hold panel t's columns, lanes 8-15 panel t + 1's, and every lane takes exactly the
+// instructions of `tile`'s lane (the same exact integer sums, the same float multiply-adds in the same order), so a
+// pair's columns are the bits of the two panels computed apart.
+inline __m512i load_pair(const uint8_t* first, const uint8_t* second) {  // first's 32 bytes, then second's
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load32(first)), load32(second), 1);
+}
+inline __m512 pair_values(const uint8_t* first, const uint8_t* second, float) {
+  return _mm512_castsi512_ps(load_pair(first, second));
+}
+inline __m512 pair_values(const uint8_t* first, const uint8_t* second, c10::Half) {
+  const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(first));
+  const __m128i high = _mm_loadu_si128(reinterpret_cast<const __m128i*>(second));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1));
+}
+inline __m512i broadcast4(const int8_t* q) {  // a row's 4 activations in every 32-bit lane
+  int32_t four;
+  std::memcpy(&four, q, sizeof four);
+  return _mm512_set1_epi32(four);
+}
+
+template <typename Scale>
+template <int R>
+void FourBitPanels<Scale>::pair(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[2 * kColumns]) const {
+  const uint8_t* p = packed + t * groups * kBytes;
+  const uint8_t* p2 = p + groups * kBytes;  // panel t + 1
+  const int64_t width = groups * kGroup;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
+    for (const uint8_t* panel : {p, p2}) {
+      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch + 64), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch + 128), _MM_HINT_T0);
+    }
+    __m512i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+    for (int64_t v = 0; v < 4; ++v) {
+      const __m512i nibbles = load_pair(p + 32 * v, p2 + 32 * v);
+      const __m512i low = _mm512_and_si512(nibbles, low_nibbles);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi32(nibbles, 4), low_nibbles);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x.q.data() + (row + r) * width + g * kGroup + 4 * v;
+        sums[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sums[r], low, broadcast4(q)), high, broadcast4(q + 16));
+      }
+    }
+    const __m512 scales = pair_values(p + kScales, p2 + kScales, Scale());
+    const __m512 offsets = pair_values(p + kOffsets, p2 + kOffsets, Scale());
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (row + r) * groups + g;
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(scales, _mm512_set1_ps(x.scale[at])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(x.sum[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+template <typename Scale, bool kHalves>
+template <int R>
+void EightBitPanels<Scale, kHalves>::pair(const QuantizedRows& x, int64_t row, int64_t t,
+                                          float (*out)[2 * kColumns]) const {
+  const uint8_t* p = packed + t * groups * kBytes;
+  const uint8_t* p2 = p + groups * kBytes;  // panel t + 1
+  const int64_t width = groups * kGroup;
+  const __m512i bias = _mm512_set1_epi8(-128);
+  __m512 low[R], high[R];
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
+    for (int64_t line = 0; line < kBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p2 + kPrefetch + line), _MM_HINT_T0);
+    }
+    __m512i weights[8];  // as unsigned bytes w + 128, like `weight_bytes`
+    for (int v = 0; v < 8; ++v) weights[v] = _mm512_xor_si512(load_pair(p + 32 * v, p2 + 32 * v), bias);
+    const __m512 low_scales = pair_values(p + kScales, p2 + kScales, Scale());
+    const __m512 high_scales = kHalves ? pair_values(p + kScales + 32, p2 + kScales + 32, Scale()) : low_scales;
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (row + r) * groups + g;
+      const int8_t* q = x.q.data() + (row + r) * width + g * kGroup;
+      __m512i sums[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+      for (int v = 0; v < 8; ++v) sums[v / 4] = _mm512_dpbusd_epi32(sums[v / 4], weights[v], broadcast4(q + 4 * v));
+      const __m512 activation_scale = _mm512_set1_ps(x.scale[at]);
+      const __m512 low_dots = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[0], _mm512_set1_epi32(128 * x.half_sums[2 * at])));
+      const __m512 high_dots =
+          _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[1], _mm512_set1_epi32(128 * x.half_sums[2 * at + 1])));
+      low[r] = _mm512_fmadd_ps(low_dots, _mm512_mul_ps(low_scales, activation_scale), low[r]);
+      high[r] = _mm512_fmadd_ps(high_dots, _mm512_mul_ps(high_scales, activation_scale), high[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], _mm512_add_ps(low[r], high[r]));
+}
+#endif
+
 #else  // portable fallback: the same sums, in one lane, the same bits
 
 // Where a panel group keeps weight i (0-31 for 8-bit groups; 0-15, with 16-31 in the high nibbles, for 4-bit) of
@@ -392,37 +493,67 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
 
 #endif
 
-// Rows row..row+count-1 (count <= R) of tile t: the largest pass `tile<count>`, chosen at compile time.
-template <typename Panels, int R = Panels::kRows>
+// Rows row..row+count-1 (count <= R) of panel t (P = 1), or of panels t and t + 1 (P = 2): the largest pass
+// `tile<count>` or `pair<count>`, chosen at compile time.
+template <typename Panels, int P, int R = Panels::kRows>
 void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_t count, int64_t t,
-               float (*out)[Panels::kColumns]) {
+               float (*out)[P * Panels::kColumns]) {
   if constexpr (R > 1) {
-    if (count < R) return rows_pass<Panels, R - 1>(panels, x, row, count, t, out);
+    if (count < R) return rows_pass<Panels, P, R - 1>(panels, x, row, count, t, out);
   }
-  panels.template tile<R>(x, row, t, out);
+  if constexpr (P == 2) {
+    panels.template pair<R>(x, row, t, out);
+  } else {
+    panels.template tile<R>(x, row, t, out);
+  }
 }
 
-// x [M, K] @ weights.T -> [M, N] in x's dtype: panels (of Panels::kColumns columns) split among threads, every row
-// of a panel computed with the panel's weights hot in cache, Panels::kRows rows at a time.
+#ifdef QUICKDRAFT_PANEL_PAIRS
+// Products of at least this many rows take panels two at a time: fewer instructions per weight byte where the
+// arithmetic, not the weights' streaming, decides (prompt blocks). In a decode or verification forward, with the
+// weights coming from memory, pairs were slower (docs/native_runtime.md). Either way the same bits.
+constexpr int64_t kPairRows = 32;
+#else
+constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
+#endif
+
+// Panel t's columns (P = 1) or panels t and t + 1's (P = 2), every row, Panels::kRows rows a pass, into out.
+template <int P, typename T, typename Panels>
+void panel_rows(const Panels& panels, const QuantizedRows& x, int64_t rows, int64_t outputs, int64_t t, T* out) {
+  constexpr int64_t kColumns = P * Panels::kColumns, kRows = Panels::kRows;
+  const int64_t first = t * Panels::kColumns, count = std::min(kColumns, outputs - first);
+  float values[kRows][kColumns];
+  for (int64_t row = 0; row < rows; row += kRows) {
+    const int64_t pass = std::min(kRows, rows - row);
+    rows_pass<Panels, P>(panels, x, row, pass, t, values);
+    for (int64_t r = 0; r < pass; ++r) {
+      for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
+    }
+  }
+}
+
+// x [M, K] @ weights.T -> [M, N] in x's dtype: panels (of Panels::kColumns columns, two at a time from kPairRows
+// rows) split among threads, every row of a panel computed with the panel's weights hot in cache, Panels::kRows rows
+// at a time.
 template <typename T, typename Panels>
 at::Tensor block_product(const at::Tensor& x, const Panels& panels, int64_t outputs) {
-  constexpr int64_t kColumns = Panels::kColumns, kRows = Panels::kRows;
   const int64_t rows = x.size(0), width = x.size(1);
+  const int64_t panel_count = (outputs + Panels::kColumns - 1) / Panels::kColumns;
   QuantizedRows quantized;
   quantize_rows(x.data_ptr<T>(), rows, width, quantized);
   auto result = at::empty({rows, outputs}, x.options());
   T* out = result.data_ptr<T>();
-  at::parallel_for(0, (outputs + kColumns - 1) / kColumns, 1, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t t = tile_begin; t < tile_end; ++t) {
-      const int64_t first = t * kColumns, count = std::min(kColumns, outputs - first);
-      float values[kRows][kColumns];
-      for (int64_t row = 0; row < rows; row += kRows) {
-        const int64_t pass = std::min(kRows, rows - row);
-        rows_pass(panels, quantized, row, pass, t, values);
-        for (int64_t r = 0; r < pass; ++r) {
-          for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
-        }
+  const int64_t per_item = rows >= kPairRows ? 2 : 1;
+  at::parallel_for(0, (panel_count + per_item - 1) / per_item, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item * per_item;
+#ifdef QUICKDRAFT_PANEL_PAIRS
+      if (per_item == 2 && t + 1 < panel_count) {
+        panel_rows<2>(panels, quantized, rows, outputs, t, out);
+        continue;
       }
+#endif
+      panel_rows<1>(panels, quantized, rows, outputs, t, out);
     }
   });
   return result;
@@ -497,6 +628,7 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
 
 constexpr int64_t kKeyBlock = 8;   // cache positions widened and scored together
 constexpr int64_t kQueryRows = 4;  // rows of one sequence in a work item, at most
+constexpr int64_t kAheadBlocks = 4;  // key blocks between the one widened and the one asked of the cache
 
 #ifdef QUICKDRAFT_AVX2
 
@@ -518,9 +650,16 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
-// rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count.
+// rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count; asks the
+// cache for the block kAheadBlocks further on (a work item reads the cache once, from memory at long contexts).
 template <typename T>
 void widen_block(const T* from, int64_t stride, int64_t count, int64_t head_dim, float* to) {
+  for (int64_t j = 0; j < kKeyBlock; ++j) {
+    const char* ahead = reinterpret_cast<const char*>(from + (kAheadBlocks * kKeyBlock + j) * stride);
+    for (int64_t line = 0; line < head_dim * static_cast<int64_t>(sizeof(T)); line += 64) {
+      _mm_prefetch(ahead + line, _MM_HINT_T0);
+    }
+  }
   for (int64_t j = 0; j < kKeyBlock; ++j) {
     for (int64_t i = 0; i < head_dim; i += 8) {
       _mm256_storeu_ps(to + j * head_dim + i, j < count ? load8(from + j * stride + i) : _mm256_setzero_ps());
