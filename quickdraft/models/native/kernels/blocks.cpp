@@ -6,8 +6,9 @@
 // row.
 //
 // Every output element (row m, column n) is computed by one thread, over its groups in order, with the same
-// instructions whatever the row count, the column tiling or the thread count: a row's result never depends on
-// what else is in the batch (models/native/kernels/__init__.py states the contract, tests/test_kernels.py checks it).
+// operations whatever the row count, the column tiling or the thread count (where 512-bit vectors take two panels
+// at once, each lane does what the 256-bit pass's lane does): a row's result never depends on what else is in the
+// batch (models/native/kernels/__init__.py states the contract, tests/test_kernels.py checks it).
 // Built with -ffp-contract=off so the compiler fuses no scalar multiply-add on its own.
 
 #include "kernels.h"
@@ -168,7 +169,7 @@ void quantize_rows(const T* x, int64_t rows, int64_t width, QuantizedRows& out) 
 //   out[r][c] = (sum over groups, in order, of fma(dot over 0-15, scale 0-15 * activation scale))
 //             + (the same over weights 16-31)
 // Each `tile<R>` computes a panel's columns for R consecutive activation rows, every row with the
-// same instructions.
+// same instructions; `pair<R>` two panels' columns, each lane with the operations of `tile`'s.
 template <typename Scale>  // float or c10::Half
 struct FourBitPanels {
   static constexpr int64_t kColumns = 8, kRows = 8;  // computed together: columns of a panel, rows of a pass
@@ -651,11 +652,12 @@ inline __m256 exp_nonpositive(__m256 x) {
 }
 
 // rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count; asks the
-// cache for the block kAheadBlocks further on (a work item reads the cache once, from memory at long contexts).
+// cache for the rows kAheadBlocks blocks further on, of the `later` rows from `from` on that the work item reads (a
+// work item reads the cache once, from memory at long contexts).
 template <typename T>
-void widen_block(const T* from, int64_t stride, int64_t count, int64_t head_dim, float* to) {
-  for (int64_t j = 0; j < kKeyBlock; ++j) {
-    const char* ahead = reinterpret_cast<const char*>(from + (kAheadBlocks * kKeyBlock + j) * stride);
+void widen_block(const T* from, int64_t stride, int64_t count, int64_t later, int64_t head_dim, float* to) {
+  for (int64_t j = kAheadBlocks * kKeyBlock; j < std::min((kAheadBlocks + 1) * kKeyBlock, later); ++j) {
+    const char* ahead = reinterpret_cast<const char*>(from + j * stride);
     for (int64_t line = 0; line < head_dim * static_cast<int64_t>(sizeof(T)); line += 64) {
       _mm_prefetch(ahead + line, _MM_HINT_T0);
     }
@@ -756,13 +758,13 @@ void attend_item(const float* queries, int64_t count, const int64_t* begin, cons
   float* block = scores + count * span;  // [kKeyBlock, head_dim]
   float* totals = block + kKeyBlock * head_dim;  // [Q]: each query's sum of softmax numerators
   for (int64_t t = low; t < high; t += kKeyBlock) {
-    widen_block(keys + t * stride, stride, std::min(kKeyBlock, high - t), head_dim, block);
+    widen_block(keys + t * stride, stride, std::min(kKeyBlock, high - t), high - t, head_dim, block);
     for (int64_t j = 0; j < count; ++j) score_block(queries + j * head_dim, block, head_dim, scores + j * span + t - low);
   }
   for (int64_t j = 0; j < count; ++j) totals[j] = softmax_numerators(scores + j * span + begin[j] - low, end[j] - begin[j]);
   std::fill(out, out + count * head_dim, 0.0f);
   for (int64_t t = low; t < high; t += kKeyBlock) {
-    widen_block(values + t * stride, stride, std::min(kKeyBlock, high - t), head_dim, block);
+    widen_block(values + t * stride, stride, std::min(kKeyBlock, high - t), high - t, head_dim, block);
     for (int64_t j = 0; j < count; ++j) {
       const int64_t first = std::max(t, begin[j]), last = std::min(t + kKeyBlock, end[j]);
       if (first < last) {
