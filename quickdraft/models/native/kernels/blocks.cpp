@@ -224,6 +224,11 @@ inline __m256i add_byte_dots(__m256i sums, __m256i unsigned_bytes, __m256i signe
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// Asks the cache for the 64-byte lines of bytes..bytes + size - 1 (rounded up to whole lines).
+inline void prefetch_lines(const void* bytes, int64_t size) {
+  for (int64_t line = 0; line < size; line += 64) _mm_prefetch(static_cast<const char*>(bytes) + line, _MM_HINT_T0);
+}
+
 inline float lanes_sum(__m256 v) {  // fixed order: halves, then pairs, then the last two
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
@@ -260,9 +265,7 @@ void FourBitPanels<Scale>::tile(const QuantizedRows& x, int64_t row, int64_t t, 
   __m256 acc[R];  // lane c: column c
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + 128), _MM_HINT_T0);
+    prefetch_lines(p + kPrefetch, kBytes);
     __m256i sums[R];  // column c: int32 lane c (VNNI), or int16 lanes 2c and 2c + 1
     for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
     for (int64_t v = 0; v < 4; ++v) {
@@ -317,9 +320,7 @@ void EightBitPanels<Scale, kHalves>::tile(const QuantizedRows& x, int64_t row, i
   __m256 low[R], high[R];  // lane c: column c, over weights 0-15 | over 16-31 of each group
   for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes) {
-    for (int64_t line = 0; line < kBytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + line), _MM_HINT_T0);
-    }
+    prefetch_lines(p + kPrefetch, kBytes);
     __m256i weights[8];
     for (int v = 0; v < 8; ++v) weights[v] = weight_bytes(p + 32 * v);
     const __m256 low_scales = eight_values(p + kScales, Scale());
@@ -373,11 +374,8 @@ void FourBitPanels<Scale>::pair(const QuantizedRows& x, int64_t row, int64_t t, 
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
-    for (const uint8_t* panel : {p, p2}) {
-      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetch + 128), _MM_HINT_T0);
-    }
+    prefetch_lines(p + kPrefetch, kBytes);
+    prefetch_lines(p2 + kPrefetch, kBytes);
     __m512i sums[R];
     for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
     for (int64_t v = 0; v < 4; ++v) {
@@ -411,10 +409,8 @@ void EightBitPanels<Scale, kHalves>::pair(const QuantizedRows& x, int64_t row, i
   __m512 low[R], high[R];
   for (int r = 0; r < R; ++r) low[r] = high[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
-    for (int64_t line = 0; line < kBytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + line), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(p2 + kPrefetch + line), _MM_HINT_T0);
-    }
+    prefetch_lines(p + kPrefetch, kBytes);
+    prefetch_lines(p2 + kPrefetch, kBytes);
     __m512i weights[8];  // as unsigned bytes w + 128, like `weight_bytes`
     for (int v = 0; v < 8; ++v) weights[v] = _mm512_xor_si512(load_pair(p + 32 * v, p2 + 32 * v), bias);
     const __m512 low_scales = pair_values(p + kScales, p2 + kScales, Scale());
@@ -657,10 +653,7 @@ inline __m256 exp_nonpositive(__m256 x) {
 template <typename T>
 void widen_block(const T* from, int64_t stride, int64_t count, int64_t later, int64_t head_dim, float* to) {
   for (int64_t j = kAheadBlocks * kKeyBlock; j < std::min((kAheadBlocks + 1) * kKeyBlock, later); ++j) {
-    const char* ahead = reinterpret_cast<const char*>(from + j * stride);
-    for (int64_t line = 0; line < head_dim * static_cast<int64_t>(sizeof(T)); line += 64) {
-      _mm_prefetch(ahead + line, _MM_HINT_T0);
-    }
+    prefetch_lines(from + j * stride, head_dim * static_cast<int64_t>(sizeof(T)));
   }
   for (int64_t j = 0; j < kKeyBlock; ++j) {
     for (int64_t i = 0; i < head_dim; i += 8) {
