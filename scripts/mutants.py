@@ -213,16 +213,15 @@ def copy_checkout(destination: Path) -> None:
             shutil.copy2(source, destination / relative)
 
 
-def pytest_status(copy: Path, tests: tuple[str, ...]) -> int:
-    """pytest's exit status for `tests` in the copy (its own package, not the installed checkout)."""
-    result = subprocess.run(
+def pytest_run(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess:
+    """pytest on `tests` in the copy (its own package, not the installed checkout), its output captured."""
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
         cwd=copy,
         env={**os.environ, "PYTHONPATH": str(copy)},
         capture_output=True,
         text=True,
     )
-    return result.returncode
 
 
 def check_controls(mutants: list[Mutant]) -> None:
@@ -230,8 +229,9 @@ def check_controls(mutants: list[Mutant]) -> None:
     with tempfile.TemporaryDirectory(prefix="mutant-control-") as scratch:
         copy_checkout(Path(scratch))
         for tests in dict.fromkeys(mutant.tests for mutant in mutants):
-            if (status := pytest_status(Path(scratch), tests)) != 0:
-                sys.exit(f"without any mutant, pytest {' '.join(tests)} exits {status}; fix that first")
+            if (result := pytest_run(Path(scratch), tests)).returncode != 0:
+                print(result.stdout[-4000:], result.stderr[-2000:], sep="\n", file=sys.stderr)
+                sys.exit(f"without any mutant, pytest {' '.join(tests)} exits {result.returncode}; fix that first")
 
 
 def run(mutant: Mutant) -> tuple[bool, float]:
@@ -245,7 +245,7 @@ def run(mutant: Mutant) -> tuple[bool, float]:
             sys.exit(f"mutant {mutant.name}: {mutant.path} holds its code {count} times; update the mutant")
         target.write_text(source.replace(mutant.before, mutant.after))
         started = time.perf_counter()
-        status = pytest_status(copy, mutant.tests)
+        status = pytest_run(copy, mutant.tests).returncode
         if status not in (0, 1):
             sys.exit(f"mutant {mutant.name}: pytest exits {status}, not a test failure; fix the mutant or its tests")
         return status == 1, time.perf_counter() - started

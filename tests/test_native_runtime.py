@@ -8,6 +8,8 @@ the fp32 reference with a looser tolerance: bfloat16 keeps 8 significand bits, s
 magnitude ~1-5, and we allow 0.15 absolute (int8: 0.3).
 """
 
+import math
+
 import pytest
 import torch
 from transformers import (
@@ -24,6 +26,8 @@ from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.native import kv_cache, native_runner_for
 from quickdraft.models.native import runner as runner_module
+from quickdraft.models.native.rope import RopeTable
+from quickdraft.models.native.spec import RopeFrequencies
 
 FP32_TOL = 1e-3
 LOW_PRECISION_TOL = {"bfloat16": 0.15, "int8": 0.3}
@@ -157,6 +161,20 @@ def _reference(model, ids):
 
 def _max_diff(a, b):
     return (a - b).abs().max().item()
+
+
+def test_rope_tables_hold_the_correctly_rounded_cosines_and_sines_of_the_float32_angles():
+    """Every entry is float32(cos(angle)) (resp. sin, sign-folded) times the scaling, the angle being transformers'
+    float32 product: one value per angle, whatever computes it. torch's float32 cos differs from it in thousands of
+    entries of this table, and gave two different tables for the same angles in one process (rope.py)."""
+    head_dim, capacity, scaling = 64, 4096, 0.75
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    table = RopeTable.build(RopeFrequencies(inv_freq, scaling), capacity, torch.float32, torch.device("cpu"))
+    angles = (torch.arange(capacity, dtype=torch.float)[:, None] * inv_freq[None, :]).double().tolist()
+    cos = torch.tensor([[math.cos(a) for a in row] for row in angles], dtype=torch.float32) * scaling
+    sin = torch.tensor([[math.sin(a) for a in row] for row in angles], dtype=torch.float32) * scaling
+    assert torch.equal(table.cos[:, 0], torch.cat((cos, cos), dim=-1))
+    assert torch.equal(table.sin_signed[:, 0], torch.cat((-sin, sin), dim=-1))
 
 
 def test_runner_implements_protocol(tiny):

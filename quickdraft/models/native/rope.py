@@ -2,12 +2,21 @@
 
 Frequencies come from transformers' own RoPE initialisers (default, linear, dynamic, yarn,
 llama3), so every scaling variant a config names gets the exact same `inv_freq`. Tables are
-precomputed for the cache capacity with the same formula transformers applies per call, and
+precomputed for the cache capacity with the formula transformers applies per call, and
 rotation uses a half-swap with a sign-folded sine, which equals `x*cos + rotate_half(x)*sin`.
+
+The angles are float32 products, as in transformers; their cosines and sines are taken in
+float64 by numpy and rounded once to float32. torch's float32 `cos` is not a function of its
+input alone here: in about one process in ten, two tables built from the same angles in one
+process differed in the second half of their elements (torch 2.13, MKL, 2 threads). A table
+that differs between two runners of one process breaks the promise that a batched row equals
+the same sequence's row alone. numpy runs no threads, and the rounded float64 values are the
+correctly rounded float32 ones (the test checks against Python's `math`).
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -46,9 +55,9 @@ class RopeTable:
     def build(freqs: RopeFrequencies, capacity: int, dtype: torch.dtype, device: torch.device) -> "RopeTable":
         positions = torch.arange(capacity, dtype=torch.float)  # [capacity]
         angles = positions[:, None] * freqs.inv_freq[None, :]  # [capacity, hd // 2]
-        emb = torch.cat((angles, angles), dim=-1)  # [capacity, hd]
-        cos = emb.cos() * freqs.attention_scaling
-        sin = emb.sin() * freqs.attention_scaling
+        emb = torch.cat((angles, angles), dim=-1).double().numpy()  # [capacity, hd]
+        cos = torch.from_numpy(np.cos(emb)).float() * freqs.attention_scaling
+        sin = torch.from_numpy(np.sin(emb)).float() * freqs.attention_scaling
         half = sin.shape[-1] // 2
         sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
         return RopeTable(_place(cos, dtype, device), _place(sin_signed, dtype, device))
