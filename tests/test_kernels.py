@@ -282,7 +282,8 @@ def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_r
 def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_thread_count(dtype, head_dim, kv_heads):
     """Consecutive rows of one sequence (a verification: consecutive positions, under a sliding window here, so
     every row begins elsewhere) share the kernel's work items; each row must still get what it gets alone, with 1
-    or 2 threads (which change the items' sizes), over one key head or two, and follow softmax attention."""
+    to 3 threads (which change the items' sizes, and split a lone row's query heads into parts where it has fewer key
+    heads than threads), over one key head or two, and follow softmax attention."""
     generator = torch.Generator().manual_seed(9)
     heads, capacity, window = 4, 120, 37
     keys = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
@@ -306,9 +307,10 @@ def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_threa
         )
         tolerance = 1e-5 if dtype == torch.float32 else 2**-7
         assert torch.allclose(alone.double(), expected, rtol=tolerance, atol=tolerance)
-        for count in (1, 2):
+        for count in (1, 2, 3):
             torch.set_num_threads(count)
             assert torch.equal(attend(queries, keys, values, sequence, begin, end, 0.1), alone)
+            assert torch.equal(attend(queries[:1], keys, values, sequence[:1], begin[:1], end[:1], 0.1), alone[:1])
             first = slice(0, counts[0])
             together = attend(queries[first], keys, values, sequence[first], begin[first], end[first], 0.1)
             assert torch.equal(together, alone[first])

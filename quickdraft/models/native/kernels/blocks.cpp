@@ -616,12 +616,12 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
 // ---- attention of query rows over a cache ----
 //
 // A work item is one key head of a block of consecutive rows of one sequence (a verification's rows, or a decode
-// row): its queries (the block's rows times the query heads that share the key head) read the cache 8 positions
-// at a time, widened to float32 once for all of them, and each query computes from them exactly what it would
-// alone: its score per position (products over head_dim in 8 lanes, in order, then a fixed reduction of the
-// lanes), its softmax over its own positions, and its weighted sum of the values in position order. A row's
-// result depends only on its own query and positions: not on the rows sharing its block, the block size or the
-// thread count.
+// row), or a part of the query heads that share it (`head_parts`): its queries (the block's rows times those
+// query heads) read the cache 8 positions at a time, widened to float32 once for all of them, and each query
+// computes from them exactly what it would alone: its score per position (products over head_dim in 8 lanes, in
+// order, then a fixed reduction of the lanes), its softmax over its own positions, and its weighted sum of the
+// values in position order. A row's result depends only on its own query and positions: not on the rows or heads
+// sharing its work item, the block size or the thread count.
 
 constexpr int64_t kKeyBlock = 8;   // cache positions widened and scored together
 constexpr int64_t kQueryRows = 4;  // rows of one sequence in a work item, at most
@@ -820,6 +820,14 @@ std::vector<std::pair<int64_t, int64_t>> query_blocks(const int64_t* sequence, i
   }
 }
 
+// Into how many parts the query heads sharing a key head are split: 1, unless single rows still leave fewer work
+// items than threads (one decode row over fewer key heads than threads: gemma-3's one key head would leave one
+// thread all the attention). Each part widens the cache again, so parts stop at one item per thread.
+int64_t head_parts(int64_t blocks, int64_t kv_heads, int64_t group) {
+  const int64_t threads = at::get_num_threads();
+  return std::min(group, std::max<int64_t>(1, (threads + blocks * kv_heads - 1) / (blocks * kv_heads)));
+}
+
 template <typename T>
 at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>& keys,
                        const std::vector<at::Tensor>& values, const int64_t* sequence, const int64_t* begin,
@@ -830,32 +838,36 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
   const T* q_all = queries.data_ptr<T>();
   T* out_all = result.data_ptr<T>();
   const auto blocks = query_blocks(sequence, rows, kv_heads);
-  at::parallel_for(0, static_cast<int64_t>(blocks.size()) * kv_heads, 1, [&](int64_t first, int64_t last) {
+  const int64_t parts = head_parts(static_cast<int64_t>(blocks.size()), kv_heads, group);
+  const int64_t items = static_cast<int64_t>(blocks.size()) * kv_heads * parts;
+  at::parallel_for(0, items, 1, [&](int64_t first, int64_t last) {
     std::vector<float> q, out, scratch;
     std::vector<int64_t> q_begin, q_end;
-    for (int64_t item = first; item < last; ++item) {
-      const auto [row0, count] = blocks[item / kv_heads];
-      const int64_t kv = item % kv_heads, s = sequence[row0], n = count * group;
+    for (int64_t item = first; item < last; ++item) {  // item: (block, key head, part of its query heads)
+      const auto [row0, count] = blocks[item / (kv_heads * parts)];
+      const int64_t kv = item / parts % kv_heads, part = item % parts;
+      const int64_t g0 = group * part / parts, width = group * (part + 1) / parts - g0;  // query heads g0.. of kv
+      const int64_t s = sequence[row0], n = count * width;
       q.resize(n * head_dim);
       out.resize(n * head_dim);
       q_begin.resize(n);
       q_end.resize(n);
-      for (int64_t r = 0; r < count; ++r) {  // query r * group + g: row row0 + r, head kv * group + g
-        for (int64_t g = 0; g < group; ++g) {
-          const T* q_row = q_all + ((row0 + r) * heads + kv * group + g) * head_dim;
-          float* to = q.data() + (r * group + g) * head_dim;
+      for (int64_t r = 0; r < count; ++r) {  // query r * width + g: row row0 + r, head kv * group + g0 + g
+        for (int64_t g = 0; g < width; ++g) {
+          const T* q_row = q_all + ((row0 + r) * heads + kv * group + g0 + g) * head_dim;
+          float* to = q.data() + (r * width + g) * head_dim;
           for (int64_t i = 0; i < head_dim; ++i) to[i] = to_float(q_row[i]) * static_cast<float>(scale);
-          q_begin[r * group + g] = begin[row0 + r];
-          q_end[r * group + g] = end[row0 + r];
+          q_begin[r * width + g] = begin[row0 + r];
+          q_end[r * width + g] = end[row0 + r];
         }
       }
       const int64_t stride = keys[s].stride(1);
       attend_item(q.data(), n, q_begin.data(), q_end.data(), keys[s].data_ptr<T>() + kv * keys[s].stride(0),
                   values[s].data_ptr<T>() + kv * values[s].stride(0), stride, head_dim, scratch, out.data());
       for (int64_t r = 0; r < count; ++r) {
-        for (int64_t g = 0; g < group; ++g) {
-          T* out_row = out_all + (row0 + r) * heads * head_dim + (kv * group + g) * head_dim;
-          const float* from = out.data() + (r * group + g) * head_dim;
+        for (int64_t g = 0; g < width; ++g) {
+          T* out_row = out_all + (row0 + r) * heads * head_dim + (kv * group + g0 + g) * head_dim;
+          const float* from = out.data() + (r * width + g) * head_dim;
           for (int64_t i = 0; i < head_dim; ++i) out_row[i] = static_cast<T>(from[i]);
         }
       }
