@@ -166,9 +166,23 @@ MUTANTS = [
     Mutant(
         "attention-row-reads-the-first-rows-sequence",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "const int64_t kv = item % kv_heads, s = sequence[row0], n = count * group;",
-        "const int64_t kv = item % kv_heads, s = sequence[0], n = count * group;",
+        "const int64_t s = sequence[row0], n = count * width;",
+        "const int64_t s = sequence[0], n = count * width;",
         ("tests/test_batch_runtime.py", "-k", "equal_each_sequence_alone"),
+    ),
+    Mutant(
+        "attention-head-part-reads-the-first-parts-queries",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "const T* q_row = q_all + ((row0 + r) * heads + kv * group + g0 + g) * head_dim;",
+        "const T* q_row = q_all + ((row0 + r) * heads + kv * group + g) * head_dim;",
+        ("tests/test_kernels.py", "-k", "attention"),
+    ),
+    Mutant(
+        "rope-table-from-torchs-float32-cos",
+        "quickdraft/models/native/rope.py",
+        "cos = torch.from_numpy(np.cos(emb)).float() * freqs.attention_scaling",
+        "cos = torch.from_numpy(emb).float().cos() * freqs.attention_scaling",
+        ("tests/test_native_runtime.py", "-k", "rope_tables"),
     ),
     Mutant(
         "attention-row-weighs-its-block-neighbours-positions",
