@@ -272,6 +272,7 @@ def test_attention_rows_follow_softmax_attention_and_never_depend_on_the_other_r
         for r in range(12)
     ]
     assert torch.equal(torch.cat(alone), out)
+    assert attend(queries[:0], keys, values, sequence[:0], begin[:0], end[:0], 0.125).shape == (0, heads * head_dim)
     with pytest.raises(RuntimeError, match="empty or outside span"):
         attend(queries[:1], keys, values, sequence[:1], torch.tensor([5]), torch.tensor([5]), 0.125)
 

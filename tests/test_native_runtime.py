@@ -163,10 +163,11 @@ def _max_diff(a, b):
     return (a - b).abs().max().item()
 
 
-def test_rope_tables_hold_the_correctly_rounded_cosines_and_sines_of_the_float32_angles():
-    """Every entry is float32(cos(angle)) (resp. sin, sign-folded) times the scaling, the angle being transformers'
-    float32 product: one value per angle, whatever computes it. torch's float32 cos differs from it in thousands of
-    entries of this table, and gave two different tables for the same angles in one process (rope.py)."""
+def test_rope_tables_round_the_float64_cosines_and_sines_of_the_float32_angles_once():
+    """Every entry is float32(cos(angle)) (resp. sin, sign-folded) times the scaling, cos taken in float64 (Python's
+    `math` here), the angle being transformers' float32 product: one value per angle, whatever computes it. torch's
+    float32 cos differs from it by one step in thousands of entries of this table, and gave two different tables for
+    the same angles in one process (rope.py)."""
     head_dim, capacity, scaling = 64, 4096, 0.75
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
     table = RopeTable.build(RopeFrequencies(inv_freq, scaling), capacity, torch.float32, torch.device("cpu"))

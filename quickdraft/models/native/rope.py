@@ -10,8 +10,8 @@ float64 by numpy and rounded once to float32. torch's float32 `cos` is not a fun
 input alone here: in about one process in ten, two tables built from the same angles in one
 process differed in the second half of their elements (torch 2.13, MKL, 2 threads). A table
 that differs between two runners of one process breaks the promise that a batched row equals
-the same sequence's row alone. numpy runs no threads, and the rounded float64 values are the
-correctly rounded float32 ones (the test checks against Python's `math`).
+the same sequence's row alone. numpy runs no threads; its float64 values rounded to float32
+agree with Python's `math` rounded the same way (the test checks one 4096-position table).
 """
 
 from dataclasses import dataclass

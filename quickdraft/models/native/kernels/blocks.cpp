@@ -837,6 +837,7 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
   auto result = at::empty({rows, heads * head_dim}, queries.options());
   const T* q_all = queries.data_ptr<T>();
   T* out_all = result.data_ptr<T>();
+  if (rows == 0) return result;
   const auto blocks = query_blocks(sequence, rows, kv_heads);
   const int64_t parts = head_parts(static_cast<int64_t>(blocks.size()), kv_heads, group);
   const int64_t items = static_cast<int64_t>(blocks.size()) * kv_heads * parts;
