@@ -180,8 +180,8 @@ MUTANTS = [
     Mutant(
         "rope-table-from-torchs-float32-cos",
         "quickdraft/models/native/rope.py",
-        "cos = torch.from_numpy(np.cos(emb)).float() * freqs.attention_scaling",
-        "cos = torch.from_numpy(emb).float().cos() * freqs.attention_scaling",
+        "cos = torch.from_numpy(np.cos(angles)).float() * freqs.attention_scaling",
+        "cos = torch.from_numpy(angles).float().cos() * freqs.attention_scaling",
         ("tests/test_native_runtime.py", "-k", "rope_tables"),
     ),
     Mutant(

@@ -54,13 +54,11 @@ class RopeTable:
     @staticmethod
     def build(freqs: RopeFrequencies, capacity: int, dtype: torch.dtype, device: torch.device) -> "RopeTable":
         positions = torch.arange(capacity, dtype=torch.float)  # [capacity]
-        angles = positions[:, None] * freqs.inv_freq[None, :]  # [capacity, hd // 2]
-        emb = torch.cat((angles, angles), dim=-1).double().numpy()  # [capacity, hd]
-        cos = torch.from_numpy(np.cos(emb)).float() * freqs.attention_scaling
-        sin = torch.from_numpy(np.sin(emb)).float() * freqs.attention_scaling
-        half = sin.shape[-1] // 2
-        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        return RopeTable(_place(cos, dtype, device), _place(sin_signed, dtype, device))
+        angles = (positions[:, None] * freqs.inv_freq[None, :]).double().numpy()  # [capacity, hd // 2]
+        cos = torch.from_numpy(np.cos(angles)).float() * freqs.attention_scaling  # [capacity, hd // 2]
+        sin = torch.from_numpy(np.sin(angles)).float() * freqs.attention_scaling
+        cos_full, sin_signed = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # [capacity, hd]
+        return RopeTable(_place(cos_full, dtype, device), _place(sin_signed, dtype, device))
 
 
 def _place(table: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
