@@ -12,37 +12,34 @@ def key_begin(position: int, window: int | None) -> int:
     return 0 if window is None else max(0, position - window + 1)
 
 
-def block_mask(start: int, n: int, window: int | None, groups: int, device: torch.device) -> torch.Tensor:
-    """Additive float32 mask [G * n, L] (0 or -inf) of queries start..start+n-1 over keys key_begin(start)..
-    start+n-1: causal, and with a window W also sliding (key > query - W). Rows ordered (group, query)."""
+def block_mask(start: int, n: int, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive mask [n, L] in `dtype` (0 or -inf) of queries start..start+n-1 over keys key_begin(start)..
+    start+n-1: causal, and with a window W also sliding (key > query - W)."""
     query_pos = torch.arange(start, start + n, device=device)[:, None]  # [n, 1]
     key_pos = torch.arange(key_begin(start, window), start + n, device=device)[None, :]  # [1, L]
     blocked = key_pos > query_pos  # [n, L]
     if window is not None:
         blocked |= key_pos <= query_pos - window
-    mask = torch.zeros(blocked.shape, device=device).masked_fill_(blocked, float("-inf"))
-    return mask.repeat(groups, 1)
+    return torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
 
 
 def attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, mask: torch.Tensor | None = None
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, mask: torch.Tensor
 ) -> torch.Tensor:
-    """Grouped-query attention without repeating keys, computed in float32: q [n, H, hd], keys/values
-    [KV, L, hd] -> [n, H * hd] in q's dtype. Without a mask every query reads all L keys (one query over
-    exactly its own keys); with one, `block_mask`'s [G * n, L].
+    """Grouped-query attention of a prompt block, one fused product: q [n, H, hd], keys/values [KV, L, hd] and
+    `block_mask`'s [n, L] -> [n, H * hd] in q's dtype.
 
-    float32 because low-precision products of this shape are slow on CPUs without native bfloat16 (a quarter
-    of float32's speed on AVX2) and it keeps the softmax's inputs unrounded.
+    torch's `scaled_dot_product_attention` (on the CPU its flash kernel: products in float32 from bfloat16
+    inputs, an online softmax in float32 over fixed key blocks). A row's result depends on the block's shapes
+    and its own values, never on the thread count (`tests/test_native_runtime.py` checks it), and a prompt's
+    blocks have the same shapes however the prompt was cut into forwards. On smollm2 it is several times faster
+    than the float32 `bmm` pair it replaced (docs/native_runtime.md, stop 42).
     """
     n, heads, head_dim = q.shape
-    kv_heads = keys.shape[0]
-    groups = heads // kv_heads
-    q_grouped = q.view(n, kv_heads, groups, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, groups * n, head_dim)
-    scores = torch.bmm(q_grouped.float() * scale, keys.float().transpose(1, 2))  # [KV, G * n, L]
-    if mask is not None:
-        scores += mask
-    out = torch.bmm(torch.softmax(scores, dim=-1), values.float())  # [KV, G * n, hd]
-    return out.view(kv_heads, groups, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads * head_dim).to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask, scale=scale, enable_gqa=True
+    )  # [1, H, n, hd]
+    return out[0].transpose(0, 1).reshape(n, heads * head_dim)
 
 
 def gated_mlp(x: torch.Tensor, weights: LayerWeights, activation: str, groups: tuple[RowGroup, ...]) -> torch.Tensor:

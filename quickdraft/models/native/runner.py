@@ -441,8 +441,7 @@ class NativeRunner:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _block_masks(self, start: int, n: int) -> dict[int | None, torch.Tensor]:
-        groups = self.spec.num_heads // self.spec.num_kv_heads
-        return {w: block_mask(start, n, w, groups, self.device) for w in set(self.spec.layer_windows)}
+        return {w: block_mask(start, n, w, self.dtype, self.device) for w in set(self.spec.layer_windows)}
 
     def _new_cache(self) -> KVCache:
         spec = self.spec
