@@ -1,6 +1,6 @@
-"""What a batch of requests costs through the engine, per drafter: the whole run, its target forwards, the rest
-(drafting, planning, verifying, bookkeeping) per step, and where the draft rows went (steps that also read a prompt
-chunk, or not).
+"""What a batch of requests costs through the engine, per drafter: the whole run, its target forwards (and the share
+of the steps that also read a prompt chunk), the rest (drafting, planning, verifying, bookkeeping) per step, and where
+the draft rows went (steps that also read a prompt chunk, or not).
 
     python scripts/engine_overhead.py --drafters ngram+head,ngram,none --requests 16 --rounds 2 --threads 2
 
@@ -48,25 +48,24 @@ def main() -> None:
         for name, engine in engines.items():
             total, forwards, steps, drafts = run(engine, prompts, args.max_tokens)
             print(
-                f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s, "
+                f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
+                f"({drafts['chunk'][2]:.2f} s in steps with a prompt chunk), "
                 f"the rest {1e3 * (total - forwards) / steps:.1f} ms a step over {steps} steps; draft rows "
                 f"{drafts['chunk'][1]} in {drafts['chunk'][0]} steps with a prompt chunk, "
                 f"{drafts['decode'][1]} in {drafts['decode'][0]} without"
             )
 
 
-def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int, dict[str, list[int]]]:
-    """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows]}
-    by whether the step read a prompt chunk)."""
+def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int, dict[str, list[float]]]:
+    """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows,
+    forward seconds]} by whether the step read a prompt chunk)."""
     for prompt in prompts:
         engine.submit([{"role": "user", "content": prompt}], SamplingParams(max_new_tokens=max_tokens), chat=True)
     batch = engine._batch
     forward = batch.forward_batch
-    inside = 0.0
-    drafts = {"chunk": [0, 0], "decode": [0, 0]}
+    drafts = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}
 
     def timed(parts):
-        nonlocal inside
         kind = drafts["chunk" if any(part.logits != "all" for part in parts) else "decode"]
         kind[0] += 1
         kind[1] += sum(len(part.token_ids) - 1 for part in parts if part.logits == "all")  # past the pending token
@@ -74,7 +73,7 @@ def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, flo
         try:
             return forward(parts)
         finally:
-            inside += time.perf_counter() - started
+            kind[2] += time.perf_counter() - started
 
     batch.forward_batch = timed
     steps, started = 0, time.perf_counter()
@@ -84,7 +83,8 @@ def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, flo
             steps += 1
     finally:
         del batch.forward_batch  # the instance attribute: the method shows through again
-    return time.perf_counter() - started, inside, steps, drafts
+    forwards = drafts["chunk"][2] + drafts["decode"][2]
+    return time.perf_counter() - started, forwards, steps, drafts
 
 
 if __name__ == "__main__":
