@@ -1,13 +1,14 @@
-"""What a batch of requests costs through the engine, per drafter: the whole run, its target forwards (and the share
-of the steps that also read a prompt chunk), the rest (drafting, planning, verifying, bookkeeping) per step, and where
-the draft rows went (steps that also read a prompt chunk, or not).
+"""What a batch of requests costs through the engine, per drafter: the whole run, its target forwards (and the
+seconds of those in steps that also read a prompt chunk), the rest (drafting, planning, verifying, bookkeeping) per
+step, and where the draft rows went (steps that also read a prompt chunk, or not).
 
     python scripts/engine_overhead.py --drafters ngram+head,ngram,none --requests 16 --rounds 2 --threads 2
 
 Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
 `--requests` slots, steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
 `--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
-row count", "Speculation under load") quotes it.
+row count", "Speculation under load", "Prompt blocks on fused attention") and docs/native_runtime.md (stop 42)
+quote it.
 """
 
 import argparse
@@ -46,13 +47,13 @@ def main() -> None:
         run(engine, prompts, args.max_tokens)  # warm-up: kernels, calibration, caches
     for round_ in range(1, args.rounds + 1):
         for name, engine in engines.items():
-            total, forwards, steps, drafts = run(engine, prompts, args.max_tokens)
+            total, forwards, steps, per_kind = run(engine, prompts, args.max_tokens)
             print(
                 f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
-                f"({drafts['chunk'][2]:.2f} s in steps with a prompt chunk), "
+                f"({per_kind['chunk'][2]:.2f} s in steps with a prompt chunk), "
                 f"the rest {1e3 * (total - forwards) / steps:.1f} ms a step over {steps} steps; draft rows "
-                f"{drafts['chunk'][1]} in {drafts['chunk'][0]} steps with a prompt chunk, "
-                f"{drafts['decode'][1]} in {drafts['decode'][0]} without"
+                f"{per_kind['chunk'][1]} in {per_kind['chunk'][0]} steps with a prompt chunk, "
+                f"{per_kind['decode'][1]} in {per_kind['decode'][0]} without"
             )
 
 
@@ -63,10 +64,10 @@ def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, flo
         engine.submit([{"role": "user", "content": prompt}], SamplingParams(max_new_tokens=max_tokens), chat=True)
     batch = engine._batch
     forward = batch.forward_batch
-    drafts = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}
+    per_kind = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}
 
     def timed(parts):
-        kind = drafts["chunk" if any(part.logits != "all" for part in parts) else "decode"]
+        kind = per_kind["chunk" if any(part.logits != "all" for part in parts) else "decode"]
         kind[0] += 1
         kind[1] += sum(len(part.token_ids) - 1 for part in parts if part.logits == "all")  # past the pending token
         started = time.perf_counter()
@@ -83,8 +84,8 @@ def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, flo
             steps += 1
     finally:
         del batch.forward_batch  # the instance attribute: the method shows through again
-    forwards = drafts["chunk"][2] + drafts["decode"][2]
-    return time.perf_counter() - started, forwards, steps, drafts
+    forwards = per_kind["chunk"][2] + per_kind["decode"][2]
+    return time.perf_counter() - started, forwards, steps, per_kind
 
 
 if __name__ == "__main__":
