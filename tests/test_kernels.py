@@ -319,6 +319,38 @@ def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_threa
         torch.set_num_threads(threads)
 
 
+# sha256 (first 16 hex digits) of `test_attention_is_the_same_bits_on_every_vector_instruction_set`'s outputs, taken
+# on one machine with every instruction set it runs: the vector builds (avx512vnni, avxvnni, avx2) all gave the
+# first, the portable loops (each query's sums in one lane, in another order) the second.
+ATTENTION_DIGESTS = {
+    (torch.float32, "vector"): "d77195e118f5bf83",
+    (torch.bfloat16, "vector"): "682471062da0c4c8",
+    (torch.float32, "portable"): "5d474cb74832a6c9",
+    (torch.bfloat16, "portable"): "fb9161fde3743476",
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_is_the_same_bits_on_every_vector_instruction_set(dtype):
+    """Whichever vector instruction set this machine built, attention is the bits recorded above: wider vectors
+    carry more positions or value lanes in one instruction, but every lane does the same operations in the same
+    order (scores over head_dim in 8 lanes, then a fixed reduction). So a greedy text does not depend on the CPU.
+    Decode rows of 3 sequences and a verification's 5 rows under a window; head sizes 64, 72 (a tail of 8 lanes)
+    and 256; spans of 1 to 300 positions."""
+    generator = torch.Generator().manual_seed(11)
+    digest = hashlib.sha256()
+    for head_dim in (64, 72, 256):
+        keys = [torch.randn(3, 320, head_dim, generator=generator).to(dtype) for _ in range(3)]
+        values = [torch.randn(3, 320, head_dim, generator=generator).to(dtype) for _ in range(3)]
+        queries = torch.randn(8, 9, head_dim, generator=generator).to(dtype)
+        sequence = torch.tensor([0, 1, 2, 2, 2, 2, 2, 2])
+        end = torch.tensor([1, 300, 290, 291, 292, 293, 294, 295])
+        begin = torch.tensor([0, 0, 250, 251, 252, 253, 254, 255])
+        digest.update(attend(queries, keys, values, sequence, begin, end, 0.125).view(torch.uint8).numpy().tobytes())
+    family = "portable" if built_instruction_set() == "portable" else "vector"
+    assert digest.hexdigest()[:16] == ATTENTION_DIGESTS[dtype, family], f"instruction set {built_instruction_set()}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_rows_follow_torch_and_never_depend_on_the_other_rows(dtype):
     generator = torch.Generator().manual_seed(6)
