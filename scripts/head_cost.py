@@ -1,5 +1,5 @@
 """c, what one drafting step of a draft head costs in one-token target forwards (medians, interleaved), as the
-head drafter runs it (its inference form, `drafters/head/quantize.py`); the number a head's card reports.
+head drafter runs it (its inference form, `drafters/head/inference.py`); the number a head's card reports.
 
     python scripts/head_cost.py --model smollm2-135m-instruct --threads 2
     python scripts/head_cost.py --model smollm2-135m-instruct --head DIR --rounds 5
@@ -12,7 +12,7 @@ import torch
 from quickdraft.distill.evaluation import cost_ratio
 from quickdraft.drafters.head.drafter import head_directory
 from quickdraft.drafters.head.files import load_head
-from quickdraft.drafters.head.quantize import quantize_head
+from quickdraft.drafters.head.inference import inference_form
 from quickdraft.models.loading import load_model
 
 
@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.model)
-    head = quantize_head(load_head(head_directory(args.head, target.info.name), target))
+    head = inference_form(load_head(head_directory(args.head, target.info.name), target))
     for _ in range(args.rounds):
         print(f"c = {cost_ratio(target, head):.3f}")
 

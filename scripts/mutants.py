@@ -71,6 +71,13 @@ MUTANTS = [
         ("tests/test_exactness.py", "-k", "cache_free and native"),
     ),
     Mutant(
+        "head-pairs-fed-together-see-the-later-ones",
+        "quickdraft/models/native/kernels/decoder.cpp",
+        "at::arange(start + 1, start + n + 1, options)",
+        "at::full({n}, start + n, options)",
+        ("tests/test_head.py", "-k", "inference_form"),
+    ),
+    Mutant(
         "decoder-skips-the-post-mlp-norm",
         "quickdraft/models/native/kernels/decoder.cpp",
         "if (layer.post_mlp_norm.defined()) out",

@@ -16,6 +16,7 @@ import torch
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.distill.train import HELDOUT_EVERY, Example, TrainConfig, evaluate
 from quickdraft.drafters.head.files import build_head
+from quickdraft.drafters.head.inference import InferenceHead
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
 from quickdraft.measure import interleave, measure
@@ -76,7 +77,7 @@ def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_
 
 
 @torch.inference_mode()
-def cost_ratio(target: LoadedModel, head: DraftHead) -> float:
+def cost_ratio(target: LoadedModel, head: DraftHead | InferenceHead) -> float:
     """c: median head drafting step time / median one-token target forward time (interleaved)."""
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]

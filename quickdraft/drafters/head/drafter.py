@@ -7,7 +7,7 @@ committed tokens, the head's cache holds the pairs (fc(a_t), x_{t+1}) computed f
 pending one, then drafts k tokens on its own outputs. Draft entries in the head's cache are rolled
 back before the next step re-feeds true states.
 
-The head drafts in its int8 inference form (`quantize.py`) on CPU.
+The head drafts in its inference form (`inference.py`: int8 group matrices, the layer in C++) on CPU.
 
 Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
 the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row
@@ -22,8 +22,8 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.head.files import load_head
+from quickdraft.drafters.head.inference import InferenceHead, inference_form
 from quickdraft.drafters.head.model import DraftHead, HeadCache
-from quickdraft.drafters.head.quantize import quantize_head
 from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.loading import LoadedModel
 
@@ -31,7 +31,7 @@ SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "heads"  # quickdraft/head
 
 
 class HeadDrafter(Drafter):
-    def __init__(self, head: DraftHead, target_vocab_size: int, name: str) -> None:
+    def __init__(self, head: DraftHead | InferenceHead, target_vocab_size: int, name: str) -> None:
         self.head = head
         self.target_layers = tuple(head.config.aux_layers)  # the engine passes these states to observe_target
         self.vocab_ids = head.vocab_ids  # [draft_vocab] target id of each draft logit
@@ -49,7 +49,7 @@ class HeadDrafter(Drafter):
     def from_argument(cls, argument: str, target: LoadedModel, options: DrafterLoadOptions) -> "HeadDrafter":
         """`head` (the head shipped for the target), `head:NAME` (a shipped head) or `head:DIR`."""
         directory = head_directory(argument, target.info.name)
-        head = quantize_head(load_head(directory, target).to(target.runner.device))
+        head = inference_form(load_head(directory, target).to(target.runner.device))
         return cls(head, target.info.vocab_size, name=f"head:{directory}")
 
     def begin(self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator) -> None:

@@ -117,6 +117,14 @@ class HeadCache:
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def reserve(self, count: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for `count` more positions (float32, CPU): the whole keys and values [kv_heads, capacity, head_dim],
+        for a writer that fills positions length.. itself and then advances `length`."""
+        end = self.length + count
+        if self.keys is None or end > self.keys.shape[2]:
+            self._grow(torch.empty(1, kv_heads, 0, head_dim), max(2 * end, 256))
+        return self.keys[0], self.values[0]
+
     def _grow(self, like: torch.Tensor, capacity: int) -> None:
         shape = (1, like.shape[1], capacity, like.shape[3])
         keys, values = like.new_zeros(shape), like.new_zeros(shape)

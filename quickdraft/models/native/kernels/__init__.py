@@ -12,7 +12,8 @@ count or thread count (so a k-token verification row equals a 1-token row, a bat
 4-bit matrices a prompt row the decode row of the same input: one kernel serves every row count).
 
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
-one call (runner.py fills it with the model's weights and says what it computes).
+one call (runner.py fills it with the model's weights and says what it computes). `new_head_layer(...)`: a
+`torch.classes.quickdraft.HeadLayer`, a draft head's drafting step in two calls (drafters/head/inference.py).
 
 Built with the machine's C++ compiler through `torch.utils.cpp_extension` (about a minute the first time; cached
 under ~/.cache/torch_extensions). The build is named after the instruction set it targets, so a home directory
@@ -233,3 +234,10 @@ def new_decoder(heads: int, kv_heads: int, head_dim: int, eps: float, attention_
     """An empty `torch.classes.quickdraft.Decoder` (`decoder.cpp`) for a model of these shapes; CPU only."""
     kernels()
     return torch.classes.quickdraft.Decoder(heads, kv_heads, head_dim, eps, attention_scale, gelu)
+
+
+def new_head_layer(heads: int, kv_heads: int, head_dim: int, eps: float, norm_before_residual: bool, *norms):
+    """A `torch.classes.quickdraft.HeadLayer` (`decoder.cpp`) without its matrices: a draft head's layer and output
+    for these shapes, `norms` the input, hidden, post-attention and final norm weights [d]; CPU only."""
+    kernels()
+    return torch.classes.quickdraft.HeadLayer(heads, kv_heads, head_dim, eps, norm_before_residual, *norms)

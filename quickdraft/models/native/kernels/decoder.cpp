@@ -10,6 +10,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -178,6 +179,62 @@ class Decoder : public torch::CustomClassHolder {
   std::vector<Layer> layers_;
 };
 
+// A draft head's decoder layer and output (EAGLE-3: drafters/head/model.py says what it computes) as the head
+// drafter runs it on a CPU (drafters/head/inference.py): a drafting step in two calls instead of some sixty small
+// torch operators, whose dispatch cost more than the head's matrix products.
+class HeadLayer : public torch::CustomClassHolder {
+ public:
+  HeadLayer(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, bool norm_before_residual,
+            at::Tensor input_norm, at::Tensor hidden_norm, at::Tensor post_attention_norm, at::Tensor final_norm)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps),
+        norm_before_residual_(norm_before_residual), input_norm_(input_norm), hidden_norm_(hidden_norm),
+        post_attention_norm_(post_attention_norm), final_norm_(final_norm) {}
+
+  // The next matrix, in the order qkv (over the 2d-wide pair), o, gate_up, down, lm_head (the reduced vocabulary).
+  void add_matrix(int64_t form, at::Tensor weight, int64_t outputs, std::optional<at::Tensor> scales) {
+    TORCH_CHECK(matrices_.size() < 5, "a head layer has five matrices");
+    TORCH_CHECK(0 <= form && form <= 3, "unknown matrix form ", form);
+    matrices_.push_back(Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales), at::Tensor()});
+  }
+
+  // stream, embedded [n, d] float32: the pairs (stream g_t, embedding of x_{t+1}) at head positions start..;
+  // keys, values [KV, capacity, hd] float32: the head's cache, rows start..start+n-1 written here; cos, sin_signed
+  // [n, 1, hd] (`kernels.rope`). Each pair attends over the cache up to its own position. Returns [n, d].
+  at::Tensor step(at::Tensor stream, at::Tensor embedded, at::Tensor keys, at::Tensor values, int64_t start,
+                  at::Tensor cos, at::Tensor sin_signed) const {
+    TORCH_CHECK(matrices_.size() == 5, "the head layer lacks some of its five matrices");
+    const int64_t n = stream.size(0), qk_width = (heads_ + kv_heads_) * head_dim_;
+    const at::Tensor normed = rms_norm(stream, hidden_norm_, eps_);
+    const at::Tensor& residual = norm_before_residual_ ? normed : stream;
+    const at::Tensor pair = at::cat({rms_norm(embedded, input_norm_, eps_), normed}, 1);  // [n, 2d]
+    const at::Tensor qkv = matrices_[0].product(pair);  // [n, (H + 2 KV) hd]
+    const at::Tensor qk = rope(qkv.narrow(1, 0, qk_width).view({n, heads_ + kv_heads_, head_dim_}), cos, sin_signed);
+    keys.narrow(1, start, n).copy_(qk.narrow(1, heads_, kv_heads_).transpose(0, 1));
+    const at::Tensor new_values = qkv.narrow(1, qk_width, kv_heads_ * head_dim_).view({n, kv_heads_, head_dim_});
+    values.narrow(1, start, n).copy_(new_values.transpose(0, 1));
+    const auto options = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor zero = at::zeros({n}, options), end = at::arange(start + 1, start + n + 1, options);
+    const at::Tensor attended = attend(qk.narrow(1, 0, heads_).contiguous(), {keys}, {values}, zero, zero, end,
+                                       1.0 / std::sqrt(static_cast<double>(head_dim_)));  // [n, H hd]
+    const at::Tensor mid = at::add(residual, matrices_[1].product(attended));
+    const at::Tensor gate_up = matrices_[2].product(rms_norm(mid, post_attention_norm_, eps_));
+    return at::add(mid, matrices_[3].product(silu_mul(gate_up.contiguous())));
+  }
+
+  // The layer's outputs [n, d] -> draft logits [n, draft_vocab]: the final norm, then the output rows.
+  at::Tensor logits(at::Tensor out) const {
+    TORCH_CHECK(matrices_.size() == 5, "the head layer lacks some of its five matrices");
+    return matrices_[4].product(rms_norm(out, final_norm_, eps_));
+  }
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  double eps_;
+  bool norm_before_residual_;
+  at::Tensor input_norm_, hidden_norm_, post_attention_norm_, final_norm_;  // [d] each
+  std::vector<Matrix> matrices_;
+};
+
 }  // namespace
 }  // namespace quickdraft
 
@@ -187,4 +244,9 @@ TORCH_LIBRARY_FRAGMENT(quickdraft, m) {
       .def("add_layer", &quickdraft::Decoder::add_layer)
       .def("add_matrix", &quickdraft::Decoder::add_matrix)
       .def("run", &quickdraft::Decoder::run);
+  m.class_<quickdraft::HeadLayer>("HeadLayer")
+      .def(torch::init<int64_t, int64_t, int64_t, double, bool, at::Tensor, at::Tensor, at::Tensor, at::Tensor>())
+      .def("add_matrix", &quickdraft::HeadLayer::add_matrix)
+      .def("step", &quickdraft::HeadLayer::step)
+      .def("logits", &quickdraft::HeadLayer::logits);
 }
