@@ -194,8 +194,15 @@ MUTANTS = [
     Mutant(
         "attention-row-weighs-its-block-neighbours-positions",
         "quickdraft/models/native/kernels/blocks.cpp",
-        "const int64_t first = std::max(t, begin[j]), last = std::min(t + kKeyBlock, end[j]);",
-        "const int64_t first = std::max(t, begin[0]), last = std::min(t + kKeyBlock, end[j]);",
+        "const int64_t first = std::max(t, begin[j]), last = std::min(t + n, end[j]);",
+        "const int64_t first = std::max(t, begin[0]), last = std::min(t + n, end[j]);",
+        ("tests/test_kernels.py", "-k", "attention"),
+    ),
+    Mutant(
+        "attention-value-pass-shares-queries-with-other-positions",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "std::min(t + n, end[j + together]) == last) {",
+        "std::min(t + n, end[j + together]) >= first) {",
         ("tests/test_kernels.py", "-k", "attention"),
     ),
     Mutant(

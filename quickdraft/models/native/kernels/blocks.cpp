@@ -617,15 +617,16 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
 //
 // A work item is one key head of a block of consecutive rows of one sequence (a verification's rows, or a decode
 // row), or a part of the query heads that share it (`head_parts`): its queries (the block's rows times those
-// query heads) read the cache 8 positions at a time, widened to float32 once for all of them, and each query
-// computes from them exactly what it would alone: its score per position (products over head_dim in 8 lanes, in
-// order, then a fixed reduction of the lanes), its softmax over its own positions, and its weighted sum of the
-// values in position order. A row's result depends only on its own query and positions: not on the rows or heads
-// sharing its work item, the block size or the thread count.
+// query heads) read the cache 8 positions at a time. Each cached key and value is widened to float32 once for all
+// of them (in registers where the head size allows, else into a block buffer), and each query computes from them
+// exactly what it would alone: its score per position (products over head_dim in 16 lanes, in order, then a fixed
+// reduction of the lanes), its softmax over its own positions, and its weighted sum of the values in position
+// order. A row's result depends only on its own query and positions: not on the rows or heads sharing its work
+// item, the block size, the thread count or the vector width.
 
 constexpr int64_t kKeyBlock = 8;   // cache positions widened and scored together
 constexpr int64_t kQueryRows = 4;  // rows of one sequence in a work item, at most
-constexpr int64_t kAheadBlocks = 4;  // key blocks between the one widened and the one asked of the cache
+constexpr int64_t kAheadBlocks = 4;  // key blocks between the one read and the one asked of the cache
 
 #ifdef QUICKDRAFT_AVX2
 
@@ -662,19 +663,66 @@ void widen_block(const T* from, int64_t stride, int64_t count, int64_t later, in
   }
 }
 
-// The scores of one query (float32 [head_dim], scaled) against a widened block of 8 positions -> out[8]: per
-// position, 8 lanes of products summed over head_dim in order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
-inline void score_block(const float* q, const float* keys, int64_t head_dim, float* out) {
-  __m256 acc[kKeyBlock];
-  for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < head_dim; i += 8) {
-    const __m256 part = _mm256_loadu_ps(q + i);
-    for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm256_fmadd_ps(part, _mm256_loadu_ps(keys + j * head_dim + i), acc[j]);
-  }
-  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31)));
+// The scores of one query (float32 [head_dim], scaled) against a widened block of 8 positions -> out[8]. Per
+// position, 16 lanes of products: lane l sums the products of dims l, l + 16, l + 32, ... in order (a head size
+// that is an odd multiple of 8 gives lanes 0-7 one more); then lanes l and l + 8 are added, and those 8 sums
+// reduced as ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)). 512-bit vectors hold the 16 lanes in one
+// register, 256-bit ones in two: the same operations in the same order, so the same bits.
+
+// The fixed reduction of 4 positions' 8 lanes each -> their 4 scores.
+inline __m128 reduce_four(__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
+  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(x0, x1), _mm256_hadd_ps(x2, x3));
+  return _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
 }
+
+#ifdef __AVX512F__
+
+inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+inline void score_block(const float* q, const float* keys, int64_t head_dim, float* out) {
+  __m512 acc[kKeyBlock];
+  for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= head_dim; i += 16) {
+    const __m512 part = _mm512_loadu_ps(q + i);
+    for (int j = 0; j < kKeyBlock; ++j) acc[j] = _mm512_fmadd_ps(part, _mm512_loadu_ps(keys + j * head_dim + i), acc[j]);
+  }
+  __m256 lanes[kKeyBlock];  // lanes l + (l + 8), after lanes 0-7 took the last 8 dims where head_dim is 8 past 16s
+  for (int j = 0; j < kKeyBlock; ++j) {
+    __m256 low = _mm512_castps512_ps256(acc[j]);
+    if (i < head_dim) low = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(keys + j * head_dim + i), low);
+    lanes[j] = _mm256_add_ps(low, high_half(acc[j]));
+  }
+  _mm_storeu_ps(out, reduce_four(lanes[0], lanes[1], lanes[2], lanes[3]));
+  _mm_storeu_ps(out + 4, reduce_four(lanes[4], lanes[5], lanes[6], lanes[7]));
+}
+
+#else
+
+// Lanes 0-7 in `low`, 8-15 in `high`, 4 positions at a time (16 accumulators would not fit the 16 registers).
+inline void score_block(const float* q, const float* keys, int64_t head_dim, float* out) {
+  for (int half = 0; half < kKeyBlock; half += 4) {
+    const float* k = keys + half * head_dim;
+    __m256 low[4], high[4];
+    for (int j = 0; j < 4; ++j) low[j] = high[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= head_dim; i += 16) {
+      const __m256 first = _mm256_loadu_ps(q + i), second = _mm256_loadu_ps(q + i + 8);
+      for (int j = 0; j < 4; ++j) {
+        low[j] = _mm256_fmadd_ps(first, _mm256_loadu_ps(k + j * head_dim + i), low[j]);
+        high[j] = _mm256_fmadd_ps(second, _mm256_loadu_ps(k + j * head_dim + i + 8), high[j]);
+      }
+    }
+    if (i < head_dim) {
+      const __m256 last = _mm256_loadu_ps(q + i);
+      for (int j = 0; j < 4; ++j) low[j] = _mm256_fmadd_ps(last, _mm256_loadu_ps(k + j * head_dim + i), low[j]);
+    }
+    for (int j = 0; j < 4; ++j) low[j] = _mm256_add_ps(low[j], high[j]);
+    _mm_storeu_ps(out + half, reduce_four(low[0], low[1], low[2], low[3]));
+  }
+}
+
+#endif
 
 // scores [L] -> their softmax numerators e^(score - max), in place; returns their sum (8 lanes in position order,
 // then the lanes, then the last few positions one by one).
@@ -706,32 +754,200 @@ inline float softmax_numerators(float* scores, int64_t length) {
   return total;
 }
 
-// sums [8 V] += weights[u] * values[u] for u = 0..count-1 in order (values widened, rows head_dim apart).
-template <int V>
-inline void weigh_lanes(const float* weights, const float* values, int64_t count, int64_t head_dim, float* sums) {
-  __m256 acc[V];
-  for (int i = 0; i < V; ++i) acc[i] = _mm256_loadu_ps(sums + 8 * i);
-  for (int64_t u = 0; u < count; ++u) {
-    const __m256 w = _mm256_set1_ps(weights[u]);
-    for (int i = 0; i < V; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + u * head_dim + 8 * i), acc[i]);
-  }
-  for (int i = 0; i < V; ++i) _mm256_storeu_ps(sums + 8 * i, acc[i]);
+// Positions t..t+n-1 (n <= kKeyBlock) widened once, then scored by each query: scores[j * span + u] for query j
+// and position t + u. `high`: the end of the positions the work item reads (what may be prefetched).
+template <typename T>
+void score_widened(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
+                   int64_t stride, int64_t head_dim, float* block, float* scores, int64_t span) {
+  widen_block(keys + t * stride, stride, n, high - t, head_dim, block);
+  for (int64_t j = 0; j < count; ++j) score_block(queries + j * head_dim, block, head_dim, scores + j * span);
 }
 
-// sums [head_dim] += weights[u] * values[u] for u = 0..count-1 in order, 64 lanes at a time (every lane the same
-// multiply-adds whichever pass it falls in).
-inline void weigh_values(const float* weights, const float* values, int64_t count, int64_t head_dim, float* sums) {
-  int64_t d = 0;
-  for (; d + 64 <= head_dim; d += 64) weigh_lanes<8>(weights, values + d, count, head_dim, sums + d);
-  switch ((head_dim - d) / 8) {
-    case 7: return weigh_lanes<7>(weights, values + d, count, head_dim, sums + d);
-    case 6: return weigh_lanes<6>(weights, values + d, count, head_dim, sums + d);
-    case 5: return weigh_lanes<5>(weights, values + d, count, head_dim, sums + d);
-    case 4: return weigh_lanes<4>(weights, values + d, count, head_dim, sums + d);
-    case 3: return weigh_lanes<3>(weights, values + d, count, head_dim, sums + d);
-    case 2: return weigh_lanes<2>(weights, values + d, count, head_dim, sums + d);
-    case 1: return weigh_lanes<1>(weights, values + d, count, head_dim, sums + d);
-    default: return;
+#ifdef __AVX512F__
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
+  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+
+// score_widened's scores, read from the cache as they are: each key is widened into registers (C 16-lane chunks,
+// and 8 lanes more where Tail) and used by every query at once; each query's 16 lanes are folded to 8 at once,
+// and every 4 positions' 8 lanes reduced together (`lanes`: [count, kKeyBlock, 8] scratch).
+template <int C, bool Tail, typename T>
+void score_direct(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
+                  int64_t stride, float* lanes, float* scores, int64_t span) {
+  constexpr int64_t head_dim = 16 * C + (Tail ? 8 : 0);
+  for (int64_t u = 0; u < n; ++u) {
+    const T* key = keys + (t + u) * stride;
+    if (t + u + kAheadBlocks * kKeyBlock < high) {
+      prefetch_lines(key + kAheadBlocks * kKeyBlock * stride, head_dim * static_cast<int64_t>(sizeof(T)));
+    }
+    __m512 k[C];
+    for (int c = 0; c < C; ++c) k[c] = load16(key + 16 * c);
+    const __m256 k_tail = Tail ? load8(key + 16 * C) : _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      const float* q = queries + j * head_dim;
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < C; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], acc);
+      __m256 low = _mm512_castps512_ps256(acc);
+      if (Tail) low = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * C), k_tail, low);
+      _mm256_storeu_ps(lanes + (j * kKeyBlock + u) * 8, _mm256_add_ps(low, high_half(acc)));
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    const float* x = lanes + j * kKeyBlock * 8;
+    for (int64_t u = 0; u < n; u += 4) {  // past n: lanes of earlier blocks or queries, reduced and dropped
+      float four[4];
+      _mm_storeu_ps(four, reduce_four(_mm256_loadu_ps(x + u * 8), _mm256_loadu_ps(x + u * 8 + 8),
+                                      _mm256_loadu_ps(x + u * 8 + 16), _mm256_loadu_ps(x + u * 8 + 24)));
+      std::copy(four, four + std::min<int64_t>(4, n - u), scores + j * span + u);
+    }
+  }
+}
+
+// The head sizes scored straight from the cache; others are widened first (the same bits either way).
+template <typename T>
+void score_keys(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
+                int64_t stride, int64_t head_dim, float* block, float* scores, int64_t span) {
+  switch (head_dim) {
+    case 64: return score_direct<4, false>(queries, count, keys, t, n, high, stride, block, scores, span);
+    case 72: return score_direct<4, true>(queries, count, keys, t, n, high, stride, block, scores, span);
+    case 128: return score_direct<8, false>(queries, count, keys, t, n, high, stride, block, scores, span);
+    case 256: return score_direct<16, false>(queries, count, keys, t, n, high, stride, block, scores, span);
+    default: return score_widened(queries, count, keys, t, n, high, stride, head_dim, block, scores, span);
+  }
+}
+
+// sums[q] [16 Z (+ 8 where Tail)] += weights[q][u] * values[u] for u = 0..n-1 in order, for NQ queries at once
+// (values rows `stride` apart, widened into registers once for all of them).
+template <int NQ, int Z, bool Tail, typename T>
+void weigh_direct(const float* const* weights, const T* values, int64_t stride, int64_t n, float* const* sums) {
+  __m512 acc[NQ][Z > 0 ? Z : 1];
+  __m256 acc_tail[NQ];
+  for (int q = 0; q < NQ; ++q) {
+    for (int z = 0; z < Z; ++z) acc[q][z] = _mm512_loadu_ps(sums[q] + 16 * z);
+    if (Tail) acc_tail[q] = _mm256_loadu_ps(sums[q] + 16 * Z);
+  }
+  for (int64_t u = 0; u < n; ++u) {
+    const T* row = values + u * stride;
+    __m512 v[Z > 0 ? Z : 1];
+    for (int z = 0; z < Z; ++z) v[z] = load16(row + 16 * z);
+    const __m256 v_tail = Tail ? load8(row + 16 * Z) : _mm256_setzero_ps();
+    for (int q = 0; q < NQ; ++q) {
+      const __m512 w = _mm512_set1_ps(weights[q][u]);
+      for (int z = 0; z < Z; ++z) acc[q][z] = _mm512_fmadd_ps(w, v[z], acc[q][z]);
+      if (Tail) acc_tail[q] = _mm256_fmadd_ps(_mm512_castps512_ps256(w), v_tail, acc_tail[q]);
+    }
+  }
+  for (int q = 0; q < NQ; ++q) {
+    for (int z = 0; z < Z; ++z) _mm512_storeu_ps(sums[q] + 16 * z, acc[q][z]);
+    if (Tail) _mm256_storeu_ps(sums[q] + 16 * Z, acc_tail[q]);
+  }
+}
+
+constexpr int kWeighQueries = 4;  // queries sharing a pass over the values, at most: 4 x 4 accumulators
+constexpr int64_t kWeighDims = 64;  // dims in one pass
+
+template <int NQ, typename T>
+void weigh_piece(int64_t width, const float* const* weights, const T* values, int64_t stride, int64_t n,
+                 float* const* sums) {
+  switch (width) {  // 8..kWeighDims, a multiple of 8
+    case 64: return weigh_direct<NQ, 4, false>(weights, values, stride, n, sums);
+    case 56: return weigh_direct<NQ, 3, true>(weights, values, stride, n, sums);
+    case 48: return weigh_direct<NQ, 3, false>(weights, values, stride, n, sums);
+    case 40: return weigh_direct<NQ, 2, true>(weights, values, stride, n, sums);
+    case 32: return weigh_direct<NQ, 2, false>(weights, values, stride, n, sums);
+    case 24: return weigh_direct<NQ, 1, true>(weights, values, stride, n, sums);
+    case 16: return weigh_direct<NQ, 1, false>(weights, values, stride, n, sums);
+    default: return weigh_direct<NQ, 0, true>(weights, values, stride, n, sums);
+  }
+}
+
+#else
+
+template <typename T>
+void score_keys(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
+                int64_t stride, int64_t head_dim, float* block, float* scores, int64_t span) {
+  score_widened(queries, count, keys, t, n, high, stride, head_dim, block, scores, span);
+}
+
+// sums[q] [8 V] += weights[q][u] * values[u] for u = 0..n-1 in order, for NQ queries at once (values rows
+// `stride` apart, widened into registers once for all of them).
+template <int NQ, int V, typename T>
+void weigh_direct(const float* const* weights, const T* values, int64_t stride, int64_t n, float* const* sums) {
+  __m256 acc[NQ][V];
+  for (int q = 0; q < NQ; ++q) {
+    for (int i = 0; i < V; ++i) acc[q][i] = _mm256_loadu_ps(sums[q] + 8 * i);
+  }
+  for (int64_t u = 0; u < n; ++u) {
+    __m256 v[V];
+    for (int i = 0; i < V; ++i) v[i] = load8(values + u * stride + 8 * i);
+    for (int q = 0; q < NQ; ++q) {
+      const __m256 w = _mm256_set1_ps(weights[q][u]);
+      for (int i = 0; i < V; ++i) acc[q][i] = _mm256_fmadd_ps(w, v[i], acc[q][i]);
+    }
+  }
+  for (int q = 0; q < NQ; ++q) {
+    for (int i = 0; i < V; ++i) _mm256_storeu_ps(sums[q] + 8 * i, acc[q][i]);
+  }
+}
+
+constexpr int kWeighQueries = 2;  // queries sharing a pass over the values, at most: 2 x 4 accumulators
+constexpr int64_t kWeighDims = 32;  // dims in one pass
+
+template <int NQ, typename T>
+void weigh_piece(int64_t width, const float* const* weights, const T* values, int64_t stride, int64_t n,
+                 float* const* sums) {
+  switch (width) {  // 8..kWeighDims, a multiple of 8
+    case 32: return weigh_direct<NQ, 4>(weights, values, stride, n, sums);
+    case 24: return weigh_direct<NQ, 3>(weights, values, stride, n, sums);
+    case 16: return weigh_direct<NQ, 2>(weights, values, stride, n, sums);
+    default: return weigh_direct<NQ, 1>(weights, values, stride, n, sums);
+  }
+}
+
+#endif
+
+// weigh_piece for `together` (1..kWeighQueries) queries.
+template <int NQ = 1, typename T>
+void weigh_together(int64_t together, int64_t width, const float* const* weights, const T* values, int64_t stride,
+                    int64_t n, float* const* sums) {
+  if constexpr (NQ < kWeighQueries) {
+    if (together > NQ) return weigh_together<NQ + 1>(together, width, weights, values, stride, n, sums);
+  }
+  weigh_piece<NQ>(width, weights, values, stride, n, sums);
+}
+
+// The weighted values of positions t..t+n-1 added to each query's sums (out [count, head_dim]), per lane in
+// position order: the queries that read the same positions of the block (a row's heads) take each value in one
+// pass, kWeighDims dims at a time. Asks the cache for the values kAheadBlocks blocks on, up to `high`.
+template <typename T>
+void weigh_block(const float* scores, int64_t span, int64_t low, const int64_t* begin, const int64_t* end,
+                 int64_t count, const T* values, int64_t t, int64_t n, int64_t stride, int64_t head_dim,
+                 int64_t high, float* out) {
+  for (int64_t u = kAheadBlocks * kKeyBlock; u < std::min((kAheadBlocks + 1) * kKeyBlock, high - t); ++u) {
+    prefetch_lines(values + (t + u) * stride, head_dim * static_cast<int64_t>(sizeof(T)));
+  }
+  for (int64_t j = 0; j < count;) {
+    const int64_t first = std::max(t, begin[j]), last = std::min(t + n, end[j]);
+    int64_t together = 1;
+    while (j + together < count && together < kWeighQueries && std::max(t, begin[j + together]) == first &&
+           std::min(t + n, end[j + together]) == last) {
+      ++together;
+    }
+    for (int64_t d = 0; first < last && d < head_dim; d += kWeighDims) {
+      const float* weights[kWeighQueries];
+      float* sums[kWeighQueries];
+      for (int64_t q = 0; q < together; ++q) {
+        weights[q] = scores + (j + q) * span + first - low;
+        sums[q] = out + (j + q) * head_dim + d;
+      }
+      const int64_t width = std::min(kWeighDims, head_dim - d);
+      const T* from = values + first * stride + d;
+      weigh_together(together, width, weights, from, stride, last - first, sums);
+    }
+    j += together;
   }
 }
 
@@ -746,24 +962,20 @@ void attend_item(const float* queries, int64_t count, const int64_t* begin, cons
     high = std::max(high, end[j]);
   }
   const int64_t span = (high - low + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-  scratch.resize(count * span + kKeyBlock * head_dim + count);
+  const int64_t block_size = std::max(kKeyBlock * head_dim, count * kKeyBlock * 8);
+  scratch.resize(count * span + block_size + count);
   float* scores = scratch.data();  // [Q, span]: query j's score of position low + t at j * span + t
-  float* block = scores + count * span;  // [kKeyBlock, head_dim]
-  float* totals = block + kKeyBlock * head_dim;  // [Q]: each query's sum of softmax numerators
+  float* block = scores + count * span;  // [kKeyBlock, head_dim] widened positions, or [Q, kKeyBlock, 8] lanes
+  float* totals = block + block_size;  // [Q]: each query's sum of softmax numerators
   for (int64_t t = low; t < high; t += kKeyBlock) {
-    widen_block(keys + t * stride, stride, std::min(kKeyBlock, high - t), high - t, head_dim, block);
-    for (int64_t j = 0; j < count; ++j) score_block(queries + j * head_dim, block, head_dim, scores + j * span + t - low);
+    score_keys(queries, count, keys, t, std::min(kKeyBlock, high - t), high, stride, head_dim, block,
+               scores + t - low, span);
   }
   for (int64_t j = 0; j < count; ++j) totals[j] = softmax_numerators(scores + j * span + begin[j] - low, end[j] - begin[j]);
   std::fill(out, out + count * head_dim, 0.0f);
   for (int64_t t = low; t < high; t += kKeyBlock) {
-    widen_block(values + t * stride, stride, std::min(kKeyBlock, high - t), high - t, head_dim, block);
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t first = std::max(t, begin[j]), last = std::min(t + kKeyBlock, end[j]);
-      if (first < last) {
-        weigh_values(scores + j * span + first - low, block + (first - t) * head_dim, last - first, head_dim, out + j * head_dim);
-      }
-    }
+    weigh_block(scores, span, low, begin, end, count, values, t, std::min(kKeyBlock, high - t), stride, head_dim,
+                high, out);
   }
   for (int64_t j = 0; j < count; ++j) {
     const __m256 inverse = _mm256_set1_ps(1.0f / totals[j]);
@@ -810,11 +1022,15 @@ std::vector<std::pair<int64_t, int64_t>> query_blocks(const int64_t* sequence, i
   std::vector<std::pair<int64_t, int64_t>> blocks;
   for (int64_t most = kQueryRows;; most /= 2) {
     blocks.clear();
-    for (int64_t r = 0; r < rows;) {
-      int64_t n = 1;
-      while (r + n < rows && n < most && sequence[r + n] == sequence[r]) ++n;
-      blocks.emplace_back(r, n);
-      r += n;
+    for (int64_t r = 0; r < rows;) {  // a sequence's run of rows in the fewest blocks of at most `most`, as even
+      int64_t run = 1;
+      while (r + run < rows && sequence[r + run] == sequence[r]) ++run;
+      const int64_t pieces = (run + most - 1) / most;
+      for (int64_t piece = 0; piece < pieces; ++piece) {
+        const int64_t n = run / pieces + (piece < run % pieces ? 1 : 0);
+        blocks.emplace_back(r, n);
+        r += n;
+      }
     }
     if (most == 1 || static_cast<int64_t>(blocks.size()) * kv_heads >= 2 * at::get_num_threads()) return blocks;
   }
@@ -844,9 +1060,9 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
   at::parallel_for(0, items, 1, [&](int64_t first, int64_t last) {
     std::vector<float> q, out, scratch;
     std::vector<int64_t> q_begin, q_end;
-    for (int64_t item = first; item < last; ++item) {  // item: (block, key head, part of its query heads)
-      const auto [row0, count] = blocks[item / (kv_heads * parts)];
-      const int64_t kv = item / parts % kv_heads, part = item % parts;
+    for (int64_t item = first; item < last; ++item) {  // item: (key head, block, part of its query heads)
+      const auto [row0, count] = blocks[item / parts % static_cast<int64_t>(blocks.size())];
+      const int64_t kv = item / (parts * static_cast<int64_t>(blocks.size())), part = item % parts;
       const int64_t g0 = group * part / parts, width = group * (part + 1) / parts - g0;  // query heads g0.. of kv
       const int64_t s = sequence[row0], n = count * width;
       q.resize(n * head_dim);
