@@ -122,8 +122,8 @@ MUTANTS = [
     Mutant(
         "head-vocabulary-map-off-by-one",
         "quickdraft/drafters/head/drafter.py",
-        "return int(self.vocab_ids[logits.argmax()]), None",
-        "return int(self.vocab_ids[(logits.argmax() + 1) % len(self.vocab_ids)]), None",
+        "return int(self.vocab_ids[argmax(logits)]), None",
+        "return int(self.vocab_ids[(argmax(logits) + 1) % len(self.vocab_ids)]), None",
         ("tests/test_head.py", "-k", "vocabulary_map"),
     ),
     Mutant(
@@ -183,6 +183,13 @@ MUTANTS = [
         "const T* q_row = q_all + ((row0 + r) * heads + kv * group + g0 + g) * head_dim;",
         "const T* q_row = q_all + ((row0 + r) * heads + kv * group + g) * head_dim;",
         ("tests/test_kernels.py", "-k", "attention"),
+    ),
+    Mutant(
+        "argmax-takes-a-later-tie-within-a-vector",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "if (equal != 0) return i + __builtin_ctz(static_cast<unsigned>(equal));",
+        "if (equal != 0) return i + 31 - __builtin_clz(static_cast<unsigned>(equal));",
+        ("tests/test_kernels.py", "-k", "argmax"),
     ),
     Mutant(
         "rope-table-from-torchs-float32-cos",

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from quickdraft.models.native.kernels import (
+    argmax,
     attend,
     built_instruction_set,
     eight_bit_matmul,
@@ -350,6 +351,32 @@ def test_attention_is_the_same_bits_on_every_vector_instruction_set(dtype):
         digest.update(attend(queries, keys, values, sequence, begin, end, 0.125).view(torch.uint8).numpy().tobytes())
     family = "portable" if built_instruction_set() == "portable" else "vector"
     assert digest.hexdigest()[:16] == ATTENTION_DIGESTS[dtype, family], f"instruction set {built_instruction_set()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torchs_first_maximum_with_ties_nans_and_signed_zeros(dtype):
+    """The kernel's argmax is torch's on every row: the first index of the maximum, wherever it falls (in a vector
+    pass or the tail past the last whole vector, ties between and within vectors), a NaN larger than any number
+    (the first NaN wins), -0 and +0 equal, rows of -inf; over widths around the vector sizes and a vocabulary's."""
+    built_instruction_set()
+    generator = torch.Generator().manual_seed(8)
+    for width in (1, 7, 8, 31, 32, 33, 100, 49152):
+        x = torch.randn(12, width, generator=generator).to(dtype)
+        top = x.max()
+        ties = ([0], [width - 1], [width // 2, width - 1], [width - 1, 0], [width // 3, min(width // 3 + 1, width - 1)])
+        for row, places in enumerate(ties):
+            for place in places:
+                x[row, place] = top + 1  # a tie where there are two places: the first must win
+        x[5, width - 1] = float("nan")
+        x[6, width // 2] = float("nan")
+        x[6, width - 1] = float("nan")
+        x[7] = float("-inf")
+        x[8] = 0.0
+        x[8, width - 1] = -0.0
+        x[9] = -0.0
+        x[9, width - 1] = 0.0
+        assert torch.equal(argmax(x), x.argmax(dim=-1)), f"width {width}"
+    assert argmax(x[0]).shape == () and argmax(x[:3].view(3, 1, -1)).shape == (3, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

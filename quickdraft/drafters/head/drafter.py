@@ -26,6 +26,7 @@ from quickdraft.drafters.head.inference import InferenceHead, inference_form
 from quickdraft.drafters.head.model import DraftHead, HeadCache
 from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.loading import LoadedModel
+from quickdraft.models.native.kernels import argmax
 
 SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "heads"  # quickdraft/heads/<target name>/
 
@@ -102,7 +103,7 @@ class HeadDrafter(Drafter):
     def _choose(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """Reduced-vocab logits [draft_vocab] -> (target token id, its draft distribution [target_vocab] or None)."""
         if self._params.greedy:
-            return int(self.vocab_ids[logits.argmax()]), None
+            return int(self.vocab_ids[argmax(logits)]), None
         full = logits.new_full((self.target_vocab_size,), float("-inf"))  # [target_vocab]
         full[self.vocab_ids] = logits
         probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary

@@ -11,6 +11,8 @@ the runtime relies on: each output row is a function of its own input row only, 
 count or thread count (so a k-token verification row equals a 1-token row, a batched row its solo row, and for
 4-bit matrices a prompt row the decode row of the same input: one kernel serves every row count).
 
+`argmax(x)`: each row's argmax, as torch's, in vector steps (greedy verification and sampling call it).
+
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
 one call (runner.py fills it with the model's weights and says what it computes). `new_head_layer(...)`: a
 `torch.classes.quickdraft.HeadLayer`, a draft head's drafting step in two calls (drafters/head/inference.py).
@@ -203,6 +205,17 @@ def attend(
     if queries.device.type != "cpu":
         return portable.attend(queries, keys, values, sequence, begin, end, scale)
     return kernels().attend(queries.contiguous(), keys, values, sequence, begin, end, scale)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [..., V] -> int64 [...], what `x.argmax(dim=-1)` gives (the first index of each row's maximum; a NaN is larger
+    than any number), vectorized: torch's reduction reads a logit row one value at a time. On another device or
+    dtype, or while the kernels are not built (the transformers runner needs no compiler), torch's own."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not x.shape[-1]:
+        return x.argmax(dim=-1)
+    if built_instruction_set.cache_info().currsize == 0:  # never built in this process: build nothing for this
+        return x.argmax(dim=-1)
+    return torch.ops.quickdraft.argmax(x.reshape(-1, x.shape[-1]).contiguous()).view(x.shape[:-1])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1129,6 +1129,69 @@ at::Tensor attend(at::Tensor queries, std::vector<at::Tensor> keys, std::vector<
   return attend_rows<float>(queries, keys, values, s, b, e, scale);
 }
 
+// ---- the index of each row's largest value ----
+
+// torch.argmax's answer for one row: the first index of its maximum, where a NaN is larger than any number (the
+// first NaN wins). Two passes: the maximum (and whether any NaN), then the first position equal to it.
+template <typename T>
+int64_t argmax_row(const T* x, int64_t n) {
+  int64_t i = 0;
+  float top = -INFINITY;
+  bool nan = false;
+#ifdef QUICKDRAFT_AVX2
+  __m256 tops[4] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY),
+                    _mm256_set1_ps(-INFINITY)};
+  __m256 unordered = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    for (int v = 0; v < 4; ++v) {
+      const __m256 values = load8(x + i + 8 * v);
+      tops[v] = _mm256_max_ps(tops[v], values);
+      unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(values, values, _CMP_UNORD_Q));
+    }
+  }
+  nan = _mm256_movemask_ps(unordered) != 0;
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(tops[0], tops[1]), _mm256_max_ps(tops[2], tops[3])));
+  for (float lane : lanes) top = std::max(top, lane);
+#endif
+  for (; i < n; ++i) {
+    const float value = to_float(x[i]);
+    nan = nan || std::isnan(value);
+    top = std::max(top, value);
+  }
+  if (nan) {
+    for (i = 0; !std::isnan(to_float(x[i])); ++i) {
+    }
+    return i;
+  }
+  i = 0;
+#ifdef QUICKDRAFT_AVX2
+  const __m256 wanted = _mm256_set1_ps(top);
+  for (; i + 8 <= n; i += 8) {
+    const int equal = _mm256_movemask_ps(_mm256_cmp_ps(load8(x + i), wanted, _CMP_EQ_OQ));
+    if (equal != 0) return i + __builtin_ctz(static_cast<unsigned>(equal));
+  }
+#endif
+  for (; to_float(x[i]) != top; ++i) {
+  }
+  return i;
+}
+
+// x [R, V] float32 or bfloat16, contiguous, V > 0 -> int64 [R]: each row's argmax as torch.argmax(x, -1) gives it.
+at::Tensor argmax(at::Tensor x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.is_contiguous(), "x must be a contiguous [R, V] tensor, V > 0");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto result = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* out = result.data_ptr<int64_t>();
+  if (x.scalar_type() == at::kBFloat16) {
+    for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(x.data_ptr<c10::BFloat16>() + r * n, n);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 or bfloat16");
+    for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(x.data_ptr<float>() + r * n, n);
+  }
+  return result;
+}
+
 // ---- rotary embeddings and the gated activation, each row on its own ----
 
 // x [N, heads, hd] with rows `row_stride` apart (a row's heads contiguous); cos, sin_signed [N, hd]:
@@ -1307,6 +1370,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin_signed) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("argmax(Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -1316,4 +1380,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("rms_norm", &quickdraft::rms_norm);
   m.impl("rope", &quickdraft::rope);
   m.impl("silu_mul", &quickdraft::silu_mul);
+  m.impl("argmax", &quickdraft::argmax);
 }
