@@ -771,9 +771,57 @@ inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 
-// score_widened's scores, read from the cache as they are: each key is widened into registers (C 16-lane chunks,
-// and 8 lanes more where Tail) and used by every query at once; each query's 16 lanes are folded to 8 at once,
-// and every 4 positions' 8 lanes reduced together (`lanes`: [count, kKeyBlock, 8] scratch).
+// A cached key of 16 C dims (and 8 more where Tail) widened into registers; `lanes(q)`: a query's 16 lanes of
+// products with it, lanes l and l + 8 added.
+template <int C, bool Tail>
+struct WideKey {
+  __m512 k[C];
+  __m256 tail;
+  template <typename T>
+  explicit WideKey(const T* key) {
+    for (int c = 0; c < C; ++c) k[c] = load16(key + 16 * c);
+    tail = Tail ? load8(key + 16 * C) : _mm256_setzero_ps();
+  }
+  __m256 lanes(const float* q) const {
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], acc);
+    __m256 low = _mm512_castps512_ps256(acc);
+    if (Tail) low = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * C), tail, low);
+    return _mm256_add_ps(low, high_half(acc));
+  }
+};
+
+#else
+
+// The same with lanes 0-7 and 8-15 in two registers.
+template <int C, bool Tail>
+struct WideKey {
+  __m256 low[C], high[C];
+  __m256 tail;
+  template <typename T>
+  explicit WideKey(const T* key) {
+    for (int c = 0; c < C; ++c) {
+      low[c] = load8(key + 16 * c);
+      high[c] = load8(key + 16 * c + 8);
+    }
+    tail = Tail ? load8(key + 16 * C) : _mm256_setzero_ps();
+  }
+  __m256 lanes(const float* q) const {
+    __m256 first = _mm256_setzero_ps(), second = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      first = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * c), low[c], first);
+      second = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * c + 8), high[c], second);
+    }
+    if (Tail) first = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * C), tail, first);
+    return _mm256_add_ps(first, second);
+  }
+};
+
+#endif
+
+// score_widened's scores, read from the cache as they are: each key is widened into registers once for every
+// query of the work item, each query's 16 lanes folded to 8 at once, and every 4 positions' 8 lanes reduced
+// together (`lanes`: [count, kKeyBlock, 8] scratch).
 template <int C, bool Tail, typename T>
 void score_direct(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
                   int64_t stride, float* lanes, float* scores, int64_t span) {
@@ -783,16 +831,9 @@ void score_direct(const float* queries, int64_t count, const T* keys, int64_t t,
     if (t + u + kAheadBlocks * kKeyBlock < high) {
       prefetch_lines(key + kAheadBlocks * kKeyBlock * stride, head_dim * static_cast<int64_t>(sizeof(T)));
     }
-    __m512 k[C];
-    for (int c = 0; c < C; ++c) k[c] = load16(key + 16 * c);
-    const __m256 k_tail = Tail ? load8(key + 16 * C) : _mm256_setzero_ps();
+    const WideKey<C, Tail> wide(key);
     for (int64_t j = 0; j < count; ++j) {
-      const float* q = queries + j * head_dim;
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < C; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), k[c], acc);
-      __m256 low = _mm512_castps512_ps256(acc);
-      if (Tail) low = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16 * C), k_tail, low);
-      _mm256_storeu_ps(lanes + (j * kKeyBlock + u) * 8, _mm256_add_ps(low, high_half(acc)));
+      _mm256_storeu_ps(lanes + (j * kKeyBlock + u) * 8, wide.lanes(queries + j * head_dim));
     }
   }
   for (int64_t j = 0; j < count; ++j) {
@@ -806,18 +847,23 @@ void score_direct(const float* queries, int64_t count, const T* keys, int64_t t,
   }
 }
 
-// The head sizes scored straight from the cache; others are widened first (the same bits either way).
+// The head sizes scored straight from the cache (those whose key fits the registers); others are widened first.
+// The same bits either way.
 template <typename T>
 void score_keys(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
                 int64_t stride, int64_t head_dim, float* block, float* scores, int64_t span) {
   switch (head_dim) {
     case 64: return score_direct<4, false>(queries, count, keys, t, n, high, stride, block, scores, span);
     case 72: return score_direct<4, true>(queries, count, keys, t, n, high, stride, block, scores, span);
+#ifdef __AVX512F__
     case 128: return score_direct<8, false>(queries, count, keys, t, n, high, stride, block, scores, span);
     case 256: return score_direct<16, false>(queries, count, keys, t, n, high, stride, block, scores, span);
+#endif
     default: return score_widened(queries, count, keys, t, n, high, stride, head_dim, block, scores, span);
   }
 }
+
+#ifdef __AVX512F__
 
 // sums[q] [16 Z (+ 8 where Tail)] += weights[q][u] * values[u] for u = 0..n-1 in order, for NQ queries at once
 // (values rows `stride` apart, widened into registers once for all of them).
@@ -865,12 +911,6 @@ void weigh_piece(int64_t width, const float* const* weights, const T* values, in
 }
 
 #else
-
-template <typename T>
-void score_keys(const float* queries, int64_t count, const T* keys, int64_t t, int64_t n, int64_t high,
-                int64_t stride, int64_t head_dim, float* block, float* scores, int64_t span) {
-  score_widened(queries, count, keys, t, n, high, stride, head_dim, block, scores, span);
-}
 
 // sums[q] [8 V] += weights[q][u] * values[u] for u = 0..n-1 in order, for NQ queries at once (values rows
 // `stride` apart, widened into registers once for all of them).
