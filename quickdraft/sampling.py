@@ -14,7 +14,6 @@ import secrets
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.models.native.kernels import argmax
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -60,5 +59,5 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
     """Pick one token per row of logits [n, vocab] -> [n]: argmax when greedy, else a warped sample."""
     if params.greedy:
-        return argmax(logits)
+        return logits.argmax(dim=-1)
     return sample(warp(logits, params), generator)

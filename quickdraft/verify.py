@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.models.native.kernels import argmax
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -38,7 +36,7 @@ def greedy_verify(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> Verdi
     draft_ids: [k] proposed tokens; target_logits: [k + 1, vocab] the target's logits at the
     position of each draft token and one after the last.
     """
-    target_ids = argmax(target_logits)  # [k + 1]
+    target_ids = target_logits.argmax(dim=-1)  # [k + 1]
     num_accepted = _leading_true(draft_ids == target_ids[:-1])
     return Verdict(num_accepted, tuple(target_ids[: num_accepted + 1].tolist()))
 
