@@ -11,7 +11,7 @@ the runtime relies on: each output row is a function of its own input row only, 
 count or thread count (so a k-token verification row equals a 1-token row, a batched row its solo row, and for
 4-bit matrices a prompt row the decode row of the same input: one kernel serves every row count).
 
-`argmax(x)`: each row's argmax, as torch's, in vector steps (greedy verification and sampling call it).
+`argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it).
 
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
 one call (runner.py fills it with the model's weights and says what it computes). `new_head_layer(...)`: a

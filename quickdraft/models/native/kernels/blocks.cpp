@@ -838,7 +838,7 @@ void score_direct(const float* queries, int64_t count, const T* keys, int64_t t,
   }
   for (int64_t j = 0; j < count; ++j) {
     const float* x = lanes + j * kKeyBlock * 8;
-    for (int64_t u = 0; u < n; u += 4) {  // past n: lanes of earlier blocks or queries, reduced and dropped
+    for (int64_t u = 0; u < n; u += 4) {  // past n: this query's stale lanes, reduced and dropped
       float four[4];
       _mm_storeu_ps(four, reduce_four(_mm256_loadu_ps(x + u * 8), _mm256_loadu_ps(x + u * 8 + 8),
                                       _mm256_loadu_ps(x + u * 8 + 16), _mm256_loadu_ps(x + u * 8 + 24)));
