@@ -76,10 +76,10 @@ def test_batched_rows_equal_each_sequence_alone(model_dir, dtype):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_cpp_decoder_gives_the_bits_of_the_python_layers(tmp_path, monkeypatch, variant, dtype):
-    """On the CPU a forward whose every row verifies runs in the C++ decoder (kernels/decoder.cpp), any other in
-    the Python layers; a sequence's rows must not depend on which ran them. `batched` takes both paths (its
-    forwards mix prompt chunks and verifications), `alone` only the Python layers: logits, states and caches
-    must match bit for bit."""
+    """On the CPU every forward runs in the C++ decoder (kernels/decoder.cpp), on other devices in the Python
+    layers; a sequence's rows must not depend on which ran them. `batched` runs the decoder (its forwards mix
+    prompt chunks and verifications), `alone` only the Python layers: logits, states and caches must match bit for
+    bit."""
     _save_random_model(VARIANTS[variant](), tmp_path)
     batched, alone = native_runner_for(tmp_path, dtype), native_runner_for(tmp_path, dtype)
     assert batched.decoder is not None

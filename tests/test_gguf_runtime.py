@@ -27,7 +27,7 @@ from quickdraft.models.native.gguf_blocks import (
 )
 from quickdraft.models.native.weights import Linear
 from tests.test_batch_runtime import batch_differences
-from tests.test_native_runtime import VARIANTS, _save_random_model
+from tests.test_native_runtime import VARIANTS, _save_random_model, python_layers
 
 CONFIGS = {"llama_gqa2_tied_linear": "llama", "mistral_sliding": "llama", "gemma3_interleaved": "gemma3"}
 PROMPT = [3, 17, 42, 8, 29, 23, 4, 61, 15, 37, 5, 12]
@@ -193,6 +193,17 @@ def test_gguf_verification_rows_equal_one_token_rows_and_batched_rows_equal_solo
     assert torch.equal(together, one_by_one)
     batched, alone = (native_runner_for(model_dir, "gguf", gguf=path) for _ in range(2))
     assert batch_differences(batched, alone, sequences=4, rounds=20, seed=7) == []
+
+
+def test_the_cpp_decoder_gives_the_bits_of_the_python_layers_on_a_ggufs_blocks(gguf_model, monkeypatch):
+    """The C++ decoder's products on the block forms (4-bit prompt blocks in the one product of all rows, the others'
+    through their dense copies) against the Python layers' (`Linear.batched`), in forwards that mix prompt chunks
+    and verifications."""
+    model_dir, path, _ = gguf_model
+    batched, alone = (native_runner_for(model_dir, "gguf", gguf=path) for _ in range(2))
+    assert batched.decoder is not None
+    python_layers(alone, monkeypatch)
+    assert batch_differences(batched, alone, sequences=3, rounds=20, seed=11) == []
 
 
 def test_a_gguf_that_does_not_match_the_checkpoint_is_refused(gguf_model, tmp_path):

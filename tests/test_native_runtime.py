@@ -369,8 +369,8 @@ ATTEND = runner_module.attend_rows
 
 
 def python_layers(runner, monkeypatch) -> None:
-    """Run every forward of `runner` through the Python layers, whose attention call a test swaps: on the CPU a
-    forward whose every row verifies otherwise runs in the C++ decoder, which computes the same bits
+    """Run every forward of `runner` through the Python layers, whose attention call a test swaps: on the CPU
+    every forward otherwise runs in the C++ decoder, which computes the same bits
     (`test_batch_runtime.test_the_cpp_decoder_gives_the_bits_of_the_python_layers`)."""
     monkeypatch.setattr(runner, "decoder", None)
 

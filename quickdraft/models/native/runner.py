@@ -1,7 +1,8 @@
 """`NativeRunner`: quickdraft's own decoder forward over preallocated KV cache slots.
 
-One Python loop over layers, fused projections, no module hooks and no per-step allocation
-beyond the activations; see `spec.py` for what distinguishes the supported families.
+Fused projections, no module hooks and no per-step allocation beyond the activations; on the CPU every forward runs
+its layers in one call of the C++ decoder (`kernels/decoder.cpp`), on other devices one Python loop over layers
+(`_layer`), the same operators in the same order. See `spec.py` for what distinguishes the supported families.
 
 The runner holds several sequences, one `KVCache` slot each (`BatchRunner`). A batched forward
 stacks every sequence's new tokens into one [N, d] activation: embeddings, norms and RoPE run over
@@ -98,8 +99,8 @@ class NativeRunner:
             None if spec.embedding_scale is None else torch.tensor(spec.embedding_scale, dtype=dtype, device=device)
         )
         self._windows = tuple(dict.fromkeys(spec.layer_windows))  # each sliding-window size once (None: full)
-        # the C++ decoder, which runs every forward whose rows all verify (same bits as the Python layers); None: every
-        # forward through the Python layers (other devices; tests and scripts/decode_profile.py set it so)
+        # the C++ decoder, which runs every forward (same bits as the Python layers); None: every forward through the
+        # Python layers (other devices; tests and scripts/decode_profile.py set it so)
         self.decoder = self._native_decoder() if device.type == "cpu" else None
 
     @property
@@ -180,8 +181,8 @@ class NativeRunner:
         verifying = self._verifications(sequences)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
-        if verifying.rows is None and self.decoder is not None:
-            x, entering = self._decode(x, sequences, rope, verifying, wanted)
+        if self.decoder is not None:
+            x, entering = self._decode(x, sequences, groups, rope, verifying, wanted)
         else:
             for i, layer in enumerate(self._weights.layers):
                 if i in wanted:
@@ -195,27 +196,38 @@ class NativeRunner:
         self,
         x: torch.Tensor,
         sequences: list[_Sequence],
+        groups: tuple[RowGroup, ...],
         rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
         verifying: "_Verifications",
         wanted: set[int],
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Every layer of a forward whose rows all verify, in one call of the C++ decoder (`kernels/decoder.cpp`):
-        the same kernels and operators in the same order as `_layer`, so the same bits. x [N, d] -> (x after the
-        last layer [N, d], the residual stream entering each wanted layer)."""
-        caches = verifying.caches  # every sequence's, in order
+        """Every layer of a forward in one call of the C++ decoder (`kernels/decoder.cpp`): the same kernels and
+        operators in the same order as `_layer`, so the same bits. x [N, d] -> (x after the last layer [N, d], the
+        residual stream entering each wanted layer)."""
         layers = sorted(wanted & set(range(self.spec.num_layers)))
         _, end = next(iter(verifying.spans.values()))  # the same in every window
+        blocks = [(s, seq, part) for s, seq in enumerate(sequences) if seq.prompt for part in seq.parts]
         out = self.decoder.run(
             x,
-            [keys for cache in caches for keys in cache.keys],
-            [values for cache in caches for values in cache.values],
+            [keys for seq in sequences for keys in seq.cache.keys],
+            [values for seq in sequences for values in seq.cache.values],
             [seq.start for seq in sequences],
             [seq.rows.stop - seq.rows.start for seq in sequences],
+            [v for group in groups for v in (group.rows.start, _length(group.rows), int(group.prompt_block))],
+            [cos for cos, _ in rope.values()],
+            [sin for _, sin in rope.values()],
+            [int(not seq.prompt) for seq in sequences],
+            verifying.rows,
             verifying.sequence,
             end,
             [verifying.spans[window][0] for window in self._windows],
-            [cos for cos, _ in rope.values()],
-            [sin for _, sin in rope.values()],
+            [
+                v
+                for s, seq, part in blocks
+                for v in (s, seq.rows.start + part.rows.start, _length(part.rows), part.start)
+            ],
+            [key_begin(part.start, window) for _, _, part in blocks for window in self._windows],
+            [part.masks[window] for _, _, part in blocks for window in self._windows],
             layers,
         )
         return out[0], dict(zip(layers, out[1:]))
@@ -245,7 +257,13 @@ class NativeRunner:
             )
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 native.add_matrix(
-                    MATRIX_FORMS[linear.form], linear.weight, linear.out_features, linear.scales, linear.bias
+                    MATRIX_FORMS[linear.form],
+                    linear.weight,
+                    linear.out_features,
+                    linear.scales,
+                    linear.bias,
+                    linear.prompt_weight,
+                    linear.prompt_bias,
                 )
         return native
 
@@ -453,3 +471,7 @@ class NativeRunner:
 
     def _rope_tables(self, capacity: int) -> dict[str, RopeTable]:
         return {key: RopeTable.build(freqs, capacity, self.dtype, self.device) for key, freqs in self.spec.rope.items()}
+
+
+def _length(rows: slice) -> int:
+    return rows.stop - rows.start

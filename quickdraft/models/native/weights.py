@@ -87,11 +87,11 @@ class Linear:
         elif int8:
             self.weight, self.scales = quantize_rows(weight)
         self.out_features, self.in_features = weight.shape if blocks is None else blocks.shape
-        self._prompt_weight = None  # [out, in] in the prompt dtype; None: no dense prompt product (see below)
+        self.prompt_weight = None  # [out, in] in the prompt dtype; None: no dense prompt product (see below)
         if prompt_dtype is not None and not isinstance(blocks, FourBitBlocks):  # None: no prompt block comes here
             same = self.form == "dense" and prompt_dtype == weight.dtype
-            self._prompt_weight = self.weight if same else self.dense().to(prompt_dtype)
-        self._prompt_bias = None if bias is None or prompt_dtype is None else bias.to(prompt_dtype)
+            self.prompt_weight = self.weight if same else self.dense().to(prompt_dtype)
+        self.prompt_bias = None if bias is None or prompt_dtype is None else bias.to(prompt_dtype)
 
     @property
     def form(self) -> str:
@@ -106,7 +106,7 @@ class Linear:
         here)."""
         if self.form == "int4":
             return "own"
-        return None if self._prompt_weight is None else "dense"
+        return None if self.prompt_weight is None else "dense"
 
     @property
     def row_invariant(self) -> bool:
@@ -176,9 +176,9 @@ class Linear:
         return (products[0] if len(products) == 1 else torch.cat(products))[:n]  # one tile: no copy
 
     def _prompt_product(self, x: torch.Tensor) -> torch.Tensor:
-        if self._prompt_weight is None:
+        if self.prompt_weight is None:
             raise InternalError("this matrix keeps no dense form for prompt blocks")
-        return F.linear(x.to(self._prompt_weight.dtype), self._prompt_weight, self._prompt_bias).to(x.dtype)
+        return F.linear(x.to(self.prompt_weight.dtype), self.prompt_weight, self.prompt_bias).to(x.dtype)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

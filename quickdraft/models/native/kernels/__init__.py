@@ -13,9 +13,10 @@ count or thread count (so a k-token verification row equals a 1-token row, a bat
 
 `argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it).
 
-`new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward whose every row verifies, in
-one call (runner.py fills it with the model's weights and says what it computes). `new_head_layer(...)`: a
-`torch.classes.quickdraft.HeadLayer`, a draft head's drafting step in two calls (drafters/head/inference.py).
+`new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward (verification rows, prompt
+chunks, or both) in one call (runner.py fills it with the model's weights and says what it computes).
+`new_head_layer(...)`: a `torch.classes.quickdraft.HeadLayer`, a draft head's drafting step in two calls
+(drafters/head/inference.py).
 
 Built with the machine's C++ compiler through `torch.utils.cpp_extension` (about a minute the first time; cached
 under ~/.cache/torch_extensions). The build is named after the instruction set it targets, so a home directory

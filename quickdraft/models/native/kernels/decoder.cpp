@@ -1,8 +1,8 @@
-// The decoder layers of a forward whose every row verifies (or decodes), in one call: `torch.classes.quickdraft.
-// Decoder`. It computes exactly what runner.py's Python layers compute for such a forward, with the same kernels
-// and the same ATen operators in the same order (so the rows are the same bits whichever path ran them), without
-// the Python and dispatcher work around each of a step's ~1300 small operators. Prompt chunks, and devices other
-// than the CPU, keep the Python layers.
+// The decoder layers of a forward on the CPU, in one call: `torch.classes.quickdraft.Decoder`. It computes exactly
+// what runner.py's Python layers compute for the same forward (verification rows, prompt chunks, or both), with the
+// same kernels and the same ATen operators in the same order (so the rows are the same bits whichever path ran them),
+// without the Python and dispatcher work around each of a step's ~1300 small operators. Devices other than the CPU
+// keep the Python layers.
 
 #include "kernels.h"
 
@@ -22,19 +22,27 @@ namespace {
 // How a matrix is stored, as weights.Linear.form names it.
 enum class Form : int64_t { kDense = 0, kInt8Rows = 1, kFourBit = 2, kEightBitGroups = 3 };
 
+// Rows of a forward that go through a matrix product together (weights.RowGroup).
+struct RowGroup {
+  int64_t first, count;  // its first row of the stacked activations, its row count
+  bool prompt_block;     // one PREFILL_BLOCK of a prompt chunk; else a verification's rows
+};
+
 struct Matrix {
   Form form;
   at::Tensor weight;  // dense [out, in]; int8 rows [out, in]; blocks: kernels.pack_four_bit's or pack_eight_bit's panels
   int64_t outputs;    // out
   at::Tensor scales;  // int8 rows: [out]; else undefined
   at::Tensor bias;    // [out] or undefined
+  at::Tensor prompt_weight;  // [out, in] in the prompt dtype (weights.Linear.prompt_weight), or undefined
+  at::Tensor prompt_bias;    // [out] in the prompt dtype, or undefined
 
   // weights.Linear.__call__: x [n, in] -> [n, out].
   at::Tensor product(const at::Tensor& x) const {
     at::Tensor y;
     switch (form) {
       case Form::kDense:
-        return at::linear(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
+        return at::linear(x, weight, optional(bias));
       case Form::kInt8Rows:
         y = at::_weight_int8pack_mm(x, weight, scales);
         break;
@@ -48,15 +56,52 @@ struct Matrix {
     return bias.defined() ? at::add(y, bias) : y;
   }
 
-  // weights.Linear.batched over verification rows only: one product for all rows where the kernel computes every
-  // row the same way whatever the row count, else one per sequence (`rows`: its first row and row count).
-  at::Tensor batched(const at::Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& rows) const {
-    if (form != Form::kDense || rows.size() == 1) return product(x);
-    std::vector<at::Tensor> pieces;
-    pieces.reserve(rows.size());
-    for (const auto& [first, count] : rows) pieces.push_back(product(x.narrow(0, first, count)));
-    return at::cat(pieces);
+  // weights.Linear._prompt_product: a prompt block's rows [n, in] through the dense prompt-dtype copy.
+  at::Tensor prompt_product(const at::Tensor& x) const {
+    TORCH_CHECK(prompt_weight.defined(), "this matrix keeps no dense form for prompt blocks");
+    return at::linear(x.to(prompt_weight.scalar_type()), prompt_weight, optional(prompt_bias)).to(x.scalar_type());
   }
+
+  // weights.Linear.batched: x [N, in] -> [N, out], each group's rows what they give in a forward of their sequence
+  // alone. Verification rows share one product where the kernel computes every row the same way whatever the row
+  // count (every form but dense), else get one per group; 4-bit blocks take prompt blocks in that same product,
+  // other forms give each prompt block a dense product of its own.
+  at::Tensor batched(const at::Tensor& x, const std::vector<RowGroup>& groups) const {
+    const bool row_invariant = form != Form::kDense;
+    bool any_prompt = false;
+    for (const RowGroup& group : groups) any_prompt = any_prompt || group.prompt_block;
+    if (form == Form::kFourBit || (!any_prompt && (row_invariant || groups.size() == 1))) return product(x);
+    std::vector<at::Tensor> pieces;
+    int64_t shared_first = -1, shared_end = -1;  // consecutive verification rows waiting for one product
+    for (const RowGroup& group : groups) {
+      if (!group.prompt_block && row_invariant) {
+        if (shared_first < 0) shared_first = group.first;
+        shared_end = group.first + group.count;
+        continue;
+      }
+      if (shared_first >= 0) {
+        pieces.push_back(product(x.narrow(0, shared_first, shared_end - shared_first)));
+        shared_first = -1;
+      }
+      const at::Tensor rows = x.narrow(0, group.first, group.count);
+      pieces.push_back(group.prompt_block ? prompt_product(rows) : product(rows));
+    }
+    if (shared_first >= 0) pieces.push_back(product(x.narrow(0, shared_first, shared_end - shared_first)));
+    return pieces.size() == 1 ? pieces[0] : at::cat(pieces);
+  }
+
+ private:
+  static std::optional<at::Tensor> optional(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
+};
+
+// One PREFILL_BLOCK of a prompt chunk: its rows attend in one masked product over their sequence's cache.
+struct PromptPart {
+  int64_t sequence;  // index into run()'s sequences
+  int64_t first;     // its first row of the stacked activations
+  int64_t count;     // its rows, at positions start..start+count-1
+  int64_t start;
 };
 
 struct Layer {
@@ -72,6 +117,21 @@ struct Layer {
 
 at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
 
+// Flat int64 lists of run()'s arguments, `width` values per item, as structs.
+std::vector<RowGroup> row_groups(const std::vector<int64_t>& flat) {
+  TORCH_CHECK(flat.size() % 3 == 0, "give three values per row group: first row, row count, prompt block");
+  std::vector<RowGroup> groups;
+  for (size_t g = 0; g < flat.size(); g += 3) groups.push_back(RowGroup{flat[g], flat[g + 1], flat[g + 2] != 0});
+  return groups;
+}
+
+std::vector<PromptPart> prompt_parts(const std::vector<int64_t>& flat) {
+  TORCH_CHECK(flat.size() % 4 == 0, "give four values per prompt part: sequence, first row, row count, start");
+  std::vector<PromptPart> parts;
+  for (size_t p = 0; p < flat.size(); p += 4) parts.push_back(PromptPart{flat[p], flat[p + 1], flat[p + 2], flat[p + 3]});
+  return parts;
+}
+
 class Decoder : public torch::CustomClassHolder {
  public:
   Decoder(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double attention_scale, bool gelu)
@@ -85,33 +145,51 @@ class Decoder : public torch::CustomClassHolder {
                             pre_mlp_norm, defined_or_empty(post_mlp_norm), window_slot, rope_slot, {}});
   }
 
-  // The last added layer's next matrix, in the order qkv, o, gate_up, down.
+  // The last added layer's next matrix, in the order qkv, o, gate_up, down (prompt_weight, prompt_bias: the dense
+  // copy prompt blocks multiply, where the form keeps one).
   void add_matrix(int64_t form, at::Tensor weight, int64_t outputs, std::optional<at::Tensor> scales,
-                  std::optional<at::Tensor> bias) {
+                  std::optional<at::Tensor> bias, std::optional<at::Tensor> prompt_weight,
+                  std::optional<at::Tensor> prompt_bias) {
     TORCH_CHECK(!layers_.empty() && layers_.back().matrices.size() < 4, "add a layer before its four matrices");
     TORCH_CHECK(0 <= form && form <= 3, "unknown matrix form ", form);
-    layers_.back().matrices.push_back(
-        Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales), defined_or_empty(bias)});
+    layers_.back().matrices.push_back(Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales),
+                                             defined_or_empty(bias), defined_or_empty(prompt_weight),
+                                             defined_or_empty(prompt_bias)});
   }
 
   // x [N, d]: the stacked rows of S sequences, counts[s] rows each, at cache positions starts[s]..; keys and values
-  // [S * layers] (sequence s's layer i at s * layers + i, [KV, capacity, hd]); sequence, end [N] int64 and
-  // begins[w] [N] int64 as kernels.attend reads them (one `begins` per window slot); cos, sin [N, 1, hd] per rope
-  // slot. Writes every row's keys and values into its cache. Returns [x after the last layer, then x entering each
-  // layer of `wanted`, in its order].
+  // [S * layers] (sequence s's layer i at s * layers + i, [KV, capacity, hd]); groups: three values per row group
+  // (first row, row count, 1 for a prompt block), as weights.Linear.batched takes them; cos, sin [N, 1, hd] per rope
+  // slot.
+  // Verification rows (every row outside a prompt chunk): verifying [S] 1 for a verifying sequence; rows [R] int64
+  // their rows in x, or None when every row verifies; sequence, end [R] and begins[w] [R] (one per window slot) as
+  // kernels.attend reads them, `sequence` indexing the verifying sequences in order.
+  // Prompt blocks: parts, four values per block (sequence, first row, row count, first position); begins and masks
+  // per block and window slot (block p's at p * windows + w): the first key position it reads, and its additive
+  // mask [count, start + count - begin] (layers.block_mask).
+  // Writes every row's keys and values into its cache. Returns [x after the last layer, then x entering each layer
+  // of `wanted`, in its order].
   std::vector<at::Tensor> run(at::Tensor x, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
-                              std::vector<int64_t> starts, std::vector<int64_t> counts, at::Tensor sequence,
-                              at::Tensor end, std::vector<at::Tensor> begins, std::vector<at::Tensor> cos,
-                              std::vector<at::Tensor> sin, std::vector<int64_t> wanted) {
+                              std::vector<int64_t> starts, std::vector<int64_t> counts, std::vector<int64_t> groups,
+                              std::vector<at::Tensor> cos, std::vector<at::Tensor> sin, std::vector<int64_t> verifying,
+                              std::optional<at::Tensor> rows, at::Tensor sequence, at::Tensor end,
+                              std::vector<at::Tensor> begins, std::vector<int64_t> parts,
+                              std::vector<int64_t> part_begins, std::vector<at::Tensor> masks,
+                              std::vector<int64_t> wanted) {
     const int64_t num_layers = static_cast<int64_t>(layers_.size());
+    Forward forward{starts, {}, row_groups(groups), cos, sin, {}, defined_or_empty(rows), sequence, end, begins,
+                    prompt_parts(parts), part_begins, masks};
     const size_t sequences = starts.size();
-    TORCH_CHECK(counts.size() == sequences && keys.size() == sequences * num_layers && values.size() == keys.size(),
-                "give starts, counts, and every sequence's keys and values of every layer");
-    std::vector<std::pair<int64_t, int64_t>> rows;
+    TORCH_CHECK(counts.size() == sequences && verifying.size() == sequences &&
+                    keys.size() == sequences * num_layers && values.size() == keys.size(),
+                "give starts, counts, verifying flags, and every sequence's keys and values of every layer");
+    TORCH_CHECK(part_begins.size() == masks.size() && masks.size() == forward.parts.size() * begins.size(),
+                "give every prompt block a first key and a mask per window slot");
     int64_t first = 0;
-    for (const int64_t count : counts) {
-      rows.emplace_back(first, count);
-      first += count;
+    for (size_t s = 0; s < sequences; ++s) {
+      forward.rows.emplace_back(first, counts[s]);
+      first += counts[s];
+      if (verifying[s] != 0) forward.verifying.push_back(static_cast<int64_t>(s));
     }
     TORCH_CHECK(first == x.size(0), "counts must add up to x's rows");
     std::vector<at::Tensor> entering(wanted.size());
@@ -119,7 +197,7 @@ class Decoder : public torch::CustomClassHolder {
       for (size_t w = 0; w < wanted.size(); ++w) {
         if (wanted[w] == i) entering[w] = x;
       }
-      x = layer(i, x, keys, values, starts, rows, sequence, end, begins, cos, sin);
+      x = layer(i, x, keys, values, forward);
     }
     std::vector<at::Tensor> out{x};
     out.insert(out.end(), entering.begin(), entering.end());
@@ -127,40 +205,79 @@ class Decoder : public torch::CustomClassHolder {
   }
 
  private:
+  // What every layer of one run() reads besides its weights and the caches.
+  struct Forward {
+    std::vector<int64_t> starts;                      // each sequence's first new position
+    std::vector<std::pair<int64_t, int64_t>> rows;    // each sequence's first row and row count
+    std::vector<RowGroup> groups;                     // the matrix products' row groups
+    std::vector<at::Tensor> cos, sin;                 // per rope slot [N, 1, hd]
+    std::vector<int64_t> verifying;                   // the verifying sequences, in order
+    at::Tensor verification_rows;                     // [R], or undefined when every row verifies
+    at::Tensor sequence, end;                         // [R] each
+    std::vector<at::Tensor> begins;                   // per window slot [R]
+    std::vector<PromptPart> parts;                    // the prompt blocks
+    std::vector<int64_t> part_begins;                 // per block and window slot
+    std::vector<at::Tensor> masks;                    // per block and window slot
+  };
+
   at::Tensor layer(int64_t i, const at::Tensor& x, const std::vector<at::Tensor>& keys,
-                   const std::vector<at::Tensor>& values, const std::vector<int64_t>& starts,
-                   const std::vector<std::pair<int64_t, int64_t>>& rows, const at::Tensor& sequence,
-                   const at::Tensor& end, const std::vector<at::Tensor>& begins, const std::vector<at::Tensor>& cos,
-                   const std::vector<at::Tensor>& sin) const {
+                   const std::vector<at::Tensor>& values, const Forward& forward) const {
     const Layer& layer = layers_.at(i);
     TORCH_CHECK(layer.matrices.size() == 4, "layer ", i, " lacks some of its four matrices");
     const int64_t n = x.size(0), qk_width = (heads_ + kv_heads_) * head_dim_;
+    const std::vector<RowGroup>& groups = forward.groups;
     // runner._attention_inputs
-    const at::Tensor qkv = layer.matrices[0].batched(rms_norm(x, layer.input_norm, eps_), rows);  // [N, (H+2KV) hd]
+    const at::Tensor qkv = layer.matrices[0].batched(rms_norm(x, layer.input_norm, eps_), groups);  // [N, (H+2KV) hd]
     at::Tensor qk = qkv.narrow(1, 0, qk_width).view({n, heads_ + kv_heads_, head_dim_});
     const at::Tensor new_values = qkv.narrow(1, qk_width, kv_heads_ * head_dim_).view({n, kv_heads_, head_dim_});
     if (layer.qk_norm.defined()) qk = at::mul(rms_norm(qk.contiguous(), std::nullopt, eps_), layer.qk_norm);
-    qk = rope(qk, cos.at(layer.rope_slot), sin.at(layer.rope_slot));  // [N, H + KV, hd]
-    // runner._layer: write the new keys and values, then every row attends alone over its own keys
+    qk = rope(qk, forward.cos.at(layer.rope_slot), forward.sin.at(layer.rope_slot));  // [N, H + KV, hd]
+    // runner._layer: write the new keys and values, then every verification row attends alone over its own keys
+    // and every prompt block in one masked product
     const at::Tensor queries = qk.narrow(1, 0, heads_), new_keys = qk.narrow(1, heads_, kv_heads_);
     const int64_t num_layers = static_cast<int64_t>(layers_.size());
-    std::vector<at::Tensor> layer_keys, layer_values;
-    for (size_t s = 0; s < starts.size(); ++s) {
-      const auto& [row, count] = rows[s];
-      const at::Tensor& cache_keys = keys[s * num_layers + i];
-      const at::Tensor& cache_values = values[s * num_layers + i];
-      cache_keys.narrow(1, starts[s], count).copy_(new_keys.narrow(0, row, count).transpose(0, 1));
-      cache_values.narrow(1, starts[s], count).copy_(new_values.narrow(0, row, count).transpose(0, 1));
-      layer_keys.push_back(cache_keys);
-      layer_values.push_back(cache_values);
+    for (size_t s = 0; s < forward.starts.size(); ++s) {
+      const auto& [row, count] = forward.rows[s];
+      keys[s * num_layers + i].narrow(1, forward.starts[s], count).copy_(new_keys.narrow(0, row, count).transpose(0, 1));
+      values[s * num_layers + i].narrow(1, forward.starts[s], count).copy_(
+          new_values.narrow(0, row, count).transpose(0, 1));
     }
-    const at::Tensor attended = attend(queries.contiguous(), layer_keys, layer_values, sequence,
-                                       begins.at(layer.window_slot), end, attention_scale_);  // [N, H hd]
+    std::vector<at::Tensor> verifying_keys, verifying_values;
+    for (const int64_t s : forward.verifying) {
+      verifying_keys.push_back(keys[s * num_layers + i]);
+      verifying_values.push_back(values[s * num_layers + i]);
+    }
+    const at::Tensor& begin = forward.begins.at(layer.window_slot);
+    at::Tensor attended;  // [N, H hd]
+    if (!forward.verification_rows.defined()) {
+      attended = attend(queries.contiguous(), verifying_keys, verifying_values, forward.sequence, begin, forward.end,
+                        attention_scale_);
+    } else {
+      attended = at::empty({n, heads_ * head_dim_}, x.options());
+      if (forward.verification_rows.numel() > 0) {
+        attended.index_put_({forward.verification_rows},
+                            attend(queries.index({forward.verification_rows}), verifying_keys, verifying_values,
+                                   forward.sequence, begin, forward.end, attention_scale_));
+      }
+      const size_t windows = forward.begins.size();
+      for (size_t p = 0; p < forward.parts.size(); ++p) {
+        const PromptPart& part = forward.parts[p];
+        const int64_t first_key = forward.part_begins[p * windows + layer.window_slot];
+        const int64_t length = part.start + part.count - first_key;
+        const at::Tensor block_keys = keys[part.sequence * num_layers + i].narrow(1, first_key, length);
+        const at::Tensor block_values = values[part.sequence * num_layers + i].narrow(1, first_key, length);
+        const at::Tensor out = at::scaled_dot_product_attention(
+            queries.narrow(0, part.first, part.count).transpose(0, 1).unsqueeze(0), block_keys.unsqueeze(0),
+            block_values.unsqueeze(0), forward.masks[p * windows + layer.window_slot], 0.0, false,
+            attention_scale_, true);  // [1, H, count, hd]: layers.attention
+        attended.narrow(0, part.first, part.count).copy_(out[0].transpose(0, 1).reshape({part.count, -1}));
+      }
+    }
     // runner._attention_output_and_mlp
-    at::Tensor out = layer.matrices[1].batched(attended, rows);
+    at::Tensor out = layer.matrices[1].batched(attended, groups);
     if (layer.post_attention_norm.defined()) out = rms_norm(out, layer.post_attention_norm, eps_);
     const at::Tensor mid = at::add(x, out);
-    const at::Tensor gate_up = layer.matrices[2].batched(rms_norm(mid, layer.pre_mlp_norm, eps_), rows);
+    const at::Tensor gate_up = layer.matrices[2].batched(rms_norm(mid, layer.pre_mlp_norm, eps_), groups);
     at::Tensor activated;
     if (gelu_) {  // layers.gated_mlp
       const std::vector<at::Tensor> halves = at::chunk(gate_up, 2, -1);
@@ -168,7 +285,7 @@ class Decoder : public torch::CustomClassHolder {
     } else {
       activated = silu_mul(gate_up.contiguous());
     }
-    out = layer.matrices[3].batched(activated, rows);
+    out = layer.matrices[3].batched(activated, groups);
     if (layer.post_mlp_norm.defined()) out = rms_norm(out, layer.post_mlp_norm, eps_);
     return at::add(mid, out);
   }
@@ -194,7 +311,8 @@ class HeadLayer : public torch::CustomClassHolder {
   void add_matrix(int64_t form, at::Tensor weight, int64_t outputs, std::optional<at::Tensor> scales) {
     TORCH_CHECK(matrices_.size() < 5, "a head layer has five matrices");
     TORCH_CHECK(0 <= form && form <= 3, "unknown matrix form ", form);
-    matrices_.push_back(Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales), at::Tensor()});
+    matrices_.push_back(Matrix{static_cast<Form>(form), weight, outputs, defined_or_empty(scales), at::Tensor(),
+                               at::Tensor(), at::Tensor()});
   }
 
   // stream, embedded [n, d] float32: the pairs (stream g_t, embedding of x_{t+1}) at head positions start..;
