@@ -66,8 +66,8 @@ MUTANTS = [
     Mutant(
         "decoder-writes-keys-one-position-late",
         "quickdraft/models/native/kernels/decoder.cpp",
-        "keys[s * num_layers + i].narrow(1, forward.starts[s], count)",
-        "keys[s * num_layers + i].narrow(1, forward.starts[s] + 1, count)",
+        "write_positions(keys[s * num_layers + i], forward.starts[s], new_keys, row, count)",
+        "write_positions(keys[s * num_layers + i], forward.starts[s] + 1, new_keys, row, count)",
         ("tests/test_exactness.py", "-k", "cache_free and native"),
     ),
     Mutant(

@@ -285,9 +285,10 @@ def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_threa
     """Consecutive rows of one sequence (a verification: consecutive positions, under a sliding window here, so
     every row begins elsewhere) share the kernel's work items; each row must still get what it gets alone, with 1
     to 3 threads (which change the items' sizes, and split a lone row's query heads into parts where it has fewer key
-    heads than threads), over one key head or two, and follow softmax attention."""
+    heads than threads), over one key head or two, and follow softmax attention. Three query heads a key head: a
+    pass over the values that takes 2 or 4 queries (AVX2, AVX-512) then always reaches into the next row's."""
     generator = torch.Generator().manual_seed(9)
-    heads, capacity, window = 4, 120, 37
+    heads, capacity, window = 3 * kv_heads, 120, 37
     keys = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
     values = [torch.randn(kv_heads, capacity, head_dim, generator=generator).to(dtype) for _ in range(2)]
     starts, counts = (60, 91), (7, 5)  # sequence s: rows at positions starts[s] .. starts[s] + counts[s] - 1
