@@ -2,6 +2,7 @@
 `quickdraft serve` on a tiny model (results, report, plots, --extra-body, --combine, one-line errors)."""
 
 import contextlib
+import gc
 import io
 import json
 from dataclasses import replace
@@ -10,6 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
+from quickdraft.bench.serve import load as load_module
 from quickdraft.bench.serve.client import RequestResult, StreamReader
 from quickdraft.bench.serve.load import LevelRun, api_base
 from quickdraft.bench.serve.results import mask_api_key
@@ -185,6 +187,25 @@ def runs(server, prompts_file, tmp_path_factory):
         assert code == 0, stderr
         measured[name] = (root / name, stdout, stderr)
     return measured
+
+
+def test_levels_run_with_the_garbage_collector_off(server, prompts_file, tmp_path, monkeypatch):
+    """A collection pausing the client mid-level would count into the endpoint's latencies: each level runs with
+    the collector off, and it is back on once the run ends."""
+    collector_on_during_levels = []
+    run_level = load_module._run_level
+
+    async def watched(client, config, endpoint, concurrency):
+        collector_on_during_levels.append(gc.isenabled())
+        return await run_level(client, config, endpoint, concurrency)
+
+    monkeypatch.setattr(load_module, "_run_level", watched)
+    argv = ["bench-serve", "--url", server.base_url, "--api-key", API_KEY, "--prompts", str(prompts_file)]
+    code, _, stderr = quickdraft(
+        *argv, "--per-category", "1", "--concurrency", "1,2", "--max-tokens", "4", "--out", str(tmp_path / "run")
+    )
+    assert code == 0, stderr
+    assert collector_on_during_levels == [False, False] and gc.isenabled()
 
 
 def assert_plots_drawn(out):

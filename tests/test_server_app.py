@@ -1,6 +1,7 @@
 """The server's parts in process: loading state, the worker's queue, the metrics text format."""
 
 import asyncio
+import gc
 import json
 import threading
 
@@ -38,6 +39,17 @@ def test_health_is_503_while_loading_then_200(tiny_models):
             "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "temperature": 0}
         )
         assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_the_loaded_heap_is_frozen_out_of_the_collectors_reach(tiny_models):
+    """Once the engine is attached, what loading made is frozen (`gc.freeze`), so a full collection during serving
+    scans only what requests allocate."""
+    gc.unfreeze()
+    app = create_app(ServerSettings(model_name="tiny"))
+    with TestClient(app):
+        assert gc.get_freeze_count() == 0
+        attach_engine(app, Engine(tiny_models["llama"], SpecConfig()))
+        assert gc.get_freeze_count() > 0
 
 
 class GatedEngine:

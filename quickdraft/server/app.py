@@ -9,6 +9,7 @@ that goes away cancels its job; stopping the app cancels every job and ends the 
 """
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -80,7 +81,13 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
 
 def attach_engine(app: FastAPI, engine: Engine) -> None:
-    """Start serving `engine` (callable from the thread that loaded it)."""
+    """Start serving `engine` (callable from the thread that loaded it).
+
+    Everything loaded by now (torch, transformers, the model, its tokenizer) lives as long as the server, so it is
+    frozen out of the garbage collector's reach (`gc.freeze`): a full collection then scans only what requests
+    allocate. Over the whole loaded heap one took 220-260 ms, and stalled every stream for that long (#20, stop 45).
+    """
+    gc.freeze()
     state: ServerState = app.state.quickdraft
     worker = EngineWorker(engine, state.metrics, state.settings.max_queue)
     worker.start()
