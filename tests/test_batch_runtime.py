@@ -66,6 +66,20 @@ def batch_differences(batched: BatchRunner, alone: BatchRunner, sequences: int, 
     return differing
 
 
+def cache_differences(batched: BatchRunner, alone: BatchRunner) -> list:
+    """Every (slot, layer) of two native runners whose cached keys or values differ over the slot's length (the
+    slots `batch_differences` opened have the same numbers in both)."""
+    differing = []
+    for slot, cache in batched._slots.items():
+        other = alone._slots[slot]
+        assert cache.length == other.length
+        for layer, (keys, values) in enumerate(zip(cache.keys, cache.values)):
+            same_keys = torch.equal(keys[:, : cache.length], other.keys[layer][:, : cache.length])
+            if not (same_keys and torch.equal(values[:, : cache.length], other.values[layer][:, : cache.length])):
+                differing.append((slot, layer))
+    return differing
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batched_rows_equal_each_sequence_alone(model_dir, dtype):
     batched, alone = native_runner_for(model_dir, dtype), native_runner_for(model_dir, dtype)
@@ -85,6 +99,7 @@ def test_the_cpp_decoder_gives_the_bits_of_the_python_layers(tmp_path, monkeypat
     assert batched.decoder is not None
     python_layers(alone, monkeypatch)
     assert batch_differences(batched, alone, sequences=3, rounds=30, seed=7) == []
+    assert cache_differences(batched, alone) == []
 
 
 def split_k_product(self: Linear, x: torch.Tensor, groups) -> torch.Tensor:
@@ -140,13 +155,16 @@ def test_prompt_blocks_multiply_in_float32_where_the_cpu_lacks_bfloat16_and_rows
     model_dir, monkeypatch, native_bfloat16
 ):
     """Either way the CPU leads the prompt products (float32 on AVX2, bfloat16 where it is native), every
-    row of a batched forward equals its sequence's own."""
+    row of a batched forward equals its sequence's own, and the C++ decoder's prompt products (batched) equal the
+    Python layers' (alone)."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native_bfloat16)
     cpu = torch.device("cpu")
     assert prompt_dtype(torch.bfloat16, cpu) == (torch.bfloat16 if native_bfloat16 else torch.float32)
     assert prompt_dtype(torch.float32, cpu) == torch.float32
     batched, alone = native_runner_for(model_dir, "int8"), native_runner_for(model_dir, "int8")
+    python_layers(alone, monkeypatch)
     assert batch_differences(batched, alone, sequences=4, rounds=20, seed=3) == []
+    assert cache_differences(batched, alone) == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -26,7 +26,7 @@ from quickdraft.models.native.gguf_blocks import (
     unpack,
 )
 from quickdraft.models.native.weights import Linear
-from tests.test_batch_runtime import batch_differences
+from tests.test_batch_runtime import batch_differences, cache_differences
 from tests.test_native_runtime import VARIANTS, _save_random_model, python_layers
 
 CONFIGS = {"llama_gqa2_tied_linear": "llama", "mistral_sliding": "llama", "gemma3_interleaved": "gemma3"}
@@ -204,6 +204,7 @@ def test_the_cpp_decoder_gives_the_bits_of_the_python_layers_on_a_ggufs_blocks(g
     assert batched.decoder is not None
     python_layers(alone, monkeypatch)
     assert batch_differences(batched, alone, sequences=3, rounds=20, seed=11) == []
+    assert cache_differences(batched, alone) == []
 
 
 def test_a_gguf_that_does_not_match_the_checkpoint_is_refused(gguf_model, tmp_path):

@@ -46,10 +46,13 @@ def test_the_loaded_heap_is_frozen_out_of_the_collectors_reach(tiny_models):
     scans only what requests allocate."""
     gc.unfreeze()
     app = create_app(ServerSettings(model_name="tiny"))
-    with TestClient(app):
-        assert gc.get_freeze_count() == 0
-        attach_engine(app, Engine(tiny_models["llama"], SpecConfig()))
-        assert gc.get_freeze_count() > 0
+    try:
+        with TestClient(app):
+            assert gc.get_freeze_count() == 0
+            attach_engine(app, Engine(tiny_models["llama"], SpecConfig()))
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 class GatedEngine:

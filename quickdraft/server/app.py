@@ -86,7 +86,9 @@ def attach_engine(app: FastAPI, engine: Engine) -> None:
     Everything loaded by now (torch, transformers, the model, its tokenizer) lives as long as the server, so it is
     frozen out of the garbage collector's reach (`gc.freeze`): a full collection then scans only what requests
     allocate. Over the whole loaded heap one took 220-260 ms, and stalled every stream for that long (#20, stop 45).
+    Loading's own garbage is collected first, so that nothing frozen is already dead.
     """
+    gc.collect()
     gc.freeze()
     state: ServerState = app.state.quickdraft
     worker = EngineWorker(engine, state.metrics, state.settings.max_queue)

@@ -128,13 +128,15 @@ async def _run_load(config: ServeBenchConfig, on_level: Callable[[LevelRun], Non
 def _collector_paused() -> Iterator[None]:
     """No garbage collection inside the block: what is alive before it is collected and frozen out of later scans
     (`gc.freeze`), and the collector is off until the block ends (a level allocates a few megabytes)."""
+    was_enabled = gc.isenabled()
     gc.collect()
     gc.freeze()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
 
 
 async def first_model(client: httpx.AsyncClient, config: ServeBenchConfig) -> str:

@@ -7,10 +7,10 @@ its layers in one call of the C++ decoder (`kernels/decoder.cpp`), on other devi
 The runner holds several sequences, one `KVCache` slot each (`BatchRunner`). A batched forward
 stacks every sequence's new tokens into one [N, d] activation: embeddings, norms and RoPE run over
 all N rows at once, the matrix products over all verification rows at once where the form is
-row-invariant (int8, a GGUF's blocks, dense tiles on a GPU) and over each prompt block on its own (see
-`Linear.batched` for why each row equals its sequence's own), while attention runs per sequence over its
-own cache with exactly the shapes a forward of that sequence alone would use. The batch-1 `ModelRunner`
-methods work on slot 0.
+row-invariant (int8, a GGUF's blocks, dense tiles on a GPU) and over each prompt block on its own (4-bit
+blocks: in the one product of all rows; see `Linear.batched` for why each row equals its sequence's own),
+while attention runs per sequence over its own cache with exactly the shapes a forward of that sequence
+alone would use. The batch-1 `ModelRunner` methods work on slot 0.
 """
 
 import itertools
@@ -212,7 +212,7 @@ class NativeRunner:
             [keys for seq in sequences for keys in seq.cache.keys],
             [values for seq in sequences for values in seq.cache.values],
             [seq.start for seq in sequences],
-            [seq.rows.stop - seq.rows.start for seq in sequences],
+            [_length(seq.rows) for seq in sequences],
             [v for group in groups for v in (group.rows.start, _length(group.rows), int(group.prompt_block))],
             [cos for cos, _ in rope.values()],
             [sin for _, sin in rope.values()],
@@ -256,6 +256,8 @@ class NativeRunner:
                 rope_keys.index(spec.layer_rope[i]),
             )
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                if linear.row_tile is not None:  # dense tiles are a GPU's (`dense_row_tile`); decoder.cpp has none
+                    raise InternalError("the C++ decoder multiplies dense matrices untiled; tiles are for GPUs")
                 native.add_matrix(
                     MATRIX_FORMS[linear.form],
                     linear.weight,

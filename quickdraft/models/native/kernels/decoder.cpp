@@ -111,7 +111,7 @@ struct Layer {
   at::Tensor post_attention_norm;  // [d] or undefined
   at::Tensor pre_mlp_norm;         // [d]
   at::Tensor post_mlp_norm;        // [d] or undefined
-  int64_t window_slot;             // index into run()'s `begins`
+  int64_t window_slot;             // index into run()'s `begins`, and w of its `part_begins` and `masks`
   int64_t rope_slot;               // index into run()'s `cos` and `sin`
   std::vector<Matrix> matrices;    // qkv, o, gate_up, down
 };
@@ -122,7 +122,8 @@ at::Tensor defined_or_empty(const std::optional<at::Tensor>& t) { return t.has_v
 // head's hd values contiguous): KVCache.write's copy, by memcpy, without the dispatcher (a decode step of 16
 // sequences writes 960 of them).
 void write_positions(const at::Tensor& cache, int64_t start, const at::Tensor& rows, int64_t first, int64_t count) {
-  TORCH_CHECK(cache.dim() == 3 && rows.dim() == 3 && cache.scalar_type() == rows.scalar_type() &&
+  TORCH_CHECK(cache.is_cpu() && rows.is_cpu() && cache.dim() == 3 && rows.dim() == 3 &&
+                  cache.scalar_type() == rows.scalar_type() &&
                   cache.stride(2) == 1 && rows.stride(2) == 1 && cache.size(0) == rows.size(1) &&
                   cache.size(2) == rows.size(2) && 0 <= start && start + count <= cache.size(1) && 0 <= first &&
                   first + count <= rows.size(0),
@@ -138,7 +139,7 @@ void write_positions(const at::Tensor& cache, int64_t start, const at::Tensor& r
   }
 }
 
-// Flat int64 lists of run()'s arguments, `width` values per item, as structs.
+// run()'s flat int64 lists as structs: three values per row group, four per prompt part.
 std::vector<RowGroup> row_groups(const std::vector<int64_t>& flat) {
   TORCH_CHECK(flat.size() % 3 == 0, "give three values per row group: first row, row count, prompt block");
   std::vector<RowGroup> groups;
@@ -206,6 +207,11 @@ class Decoder : public torch::CustomClassHolder {
                 "give starts, counts, verifying flags, and every sequence's keys and values of every layer");
     TORCH_CHECK(part_begins.size() == masks.size() && masks.size() == forward.parts.size() * begins.size(),
                 "give every prompt block a first key and a mask per window slot");
+    for (const PromptPart& part : forward.parts) {
+      TORCH_CHECK(0 <= part.sequence && part.sequence < static_cast<int64_t>(sequences) && 0 <= part.first &&
+                      part.count > 0 && part.first + part.count <= x.size(0),
+                  "a prompt block names no sequence or lies outside x's rows");
+    }
     int64_t first = 0;
     for (size_t s = 0; s < sequences; ++s) {
       forward.rows.emplace_back(first, counts[s]);
