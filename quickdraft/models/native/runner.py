@@ -272,8 +272,8 @@ class NativeRunner:
     def _verifications(self, sequences: list[_Sequence]) -> "_Verifications":
         """Which rows verify (every one not in a prompt chunk) and the keys each reads, per sliding-window size."""
         verifying = [seq for seq in sequences if not seq.prompt]
-        owner = [j for j, seq in enumerate(verifying) for _ in range(seq.rows.stop - seq.rows.start)]
-        positions = [seq.start + j for seq in verifying for j in range(seq.rows.stop - seq.rows.start)]
+        owner = [j for j, seq in enumerate(verifying) for _ in range(_length(seq.rows))]
+        positions = [seq.start + j for seq in verifying for j in range(_length(seq.rows))]
         spans = {
             window: (
                 torch.tensor([key_begin(p, window) for p in positions], dtype=torch.long),
@@ -366,7 +366,7 @@ class NativeRunner:
 
     def _rows_out(self, step: SequenceStep, rows: slice) -> tuple[torch.Tensor, range]:
         """(the stacked rows whose final states are needed [m], the last of them that also need logits)."""
-        n = rows.stop - rows.start
+        n = _length(rows)
         logit_rows = {"all": range(n), "last": range(n - 1, n), "none": range(0)}[step.logits]
         first = 0 if self.spec.num_layers in step.hidden_layers else (logit_rows.start if logit_rows else n)
         return torch.arange(rows.start + first, rows.stop, device=self.device), logit_rows

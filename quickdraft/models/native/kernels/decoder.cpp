@@ -353,9 +353,9 @@ class HeadLayer : public torch::CustomClassHolder {
     const at::Tensor pair = at::cat({rms_norm(embedded, input_norm_, eps_), normed}, 1);  // [n, 2d]
     const at::Tensor qkv = matrices_[0].product(pair);  // [n, (H + 2 KV) hd]
     const at::Tensor qk = rope(qkv.narrow(1, 0, qk_width).view({n, heads_ + kv_heads_, head_dim_}), cos, sin_signed);
-    keys.narrow(1, start, n).copy_(qk.narrow(1, heads_, kv_heads_).transpose(0, 1));
+    write_positions(keys, start, qk.narrow(1, heads_, kv_heads_), 0, n);
     const at::Tensor new_values = qkv.narrow(1, qk_width, kv_heads_ * head_dim_).view({n, kv_heads_, head_dim_});
-    values.narrow(1, start, n).copy_(new_values.transpose(0, 1));
+    write_positions(values, start, new_values, 0, n);
     const auto options = at::TensorOptions().dtype(at::kLong);
     const at::Tensor zero = at::zeros({n}, options), end = at::arange(start + 1, start + n + 1, options);
     const at::Tensor attended = attend(qk.narrow(1, 0, heads_).contiguous(), {keys}, {values}, zero, zero, end,
