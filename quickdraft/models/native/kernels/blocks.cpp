@@ -40,7 +40,8 @@
 namespace quickdraft {
 
 constexpr int64_t kGroup = 32;  // weights (and activations) per scale
-constexpr int64_t kPrefetch = 2048;  // bytes ahead of the group being read that a product asks the cache for
+constexpr int64_t kPrefetch = 4096;  // bytes ahead of the group being read that a product asks the cache for (stop 46:
+// 2048 left panel pairs waiting on memory in decode steps; docs/native_runtime.md)
 
 // One matrix's activations quantized per group of 32: x ~= q * scale; sum = scale * sum(q).
 struct QuantizedRows {
@@ -506,10 +507,11 @@ void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_
 }
 
 #ifdef QUICKDRAFT_PANEL_PAIRS
-// Products of at least this many rows take panels two at a time: fewer instructions per weight byte where the
-// arithmetic, not the weights' streaming, decides (prompt blocks). In a decode or verification forward, with the
-// weights coming from memory, pairs were slower (docs/native_runtime.md). Either way the same bits.
-constexpr int64_t kPairRows = 32;
+// Products of at least this many rows take panels two at a time: half the instructions per weight byte, which pays
+// once the arithmetic, not the weights' streaming, decides. Measured in whole forwards (docs/native_runtime.md, stop
+// 46): from 5 rows on, pairs were faster (a 16-sequence decode step by about 2 ms of 14); at 2-4 rows slower. Either
+// way the same bits.
+constexpr int64_t kPairRows = 5;
 #else
 constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
 #endif
