@@ -1,0 +1,55 @@
+"""Median milliseconds of whole native forwards (the C++ decoder) for several batch shapes, after a given context:
+one sequence feeding 1..N tokens (a decode row, verifications), and S sequences feeding one token each (a batched
+decode step). No profiler: the numbers to compare two checkouts by, run alternately.
+
+    python scripts/forward_times.py --threads 2
+    PYTHONPATH=/tmp/old TORCH_EXTENSIONS_DIR=/tmp/ext-old python scripts/forward_times.py  # another checkout
+
+docs/native_runtime.md (stop 46) quotes it.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from quickdraft.models.base import SequenceStep
+from quickdraft.models.loading import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="gguf")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=256, help="cached tokens under every forward")
+    parser.add_argument("--tokens", default="1,2,3,4,5,6,8,10", help="comma list: one sequence feeding this many")
+    parser.add_argument("--sequences", default="4,8,16", help="comma list: this many sequences feeding one each")
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    runner = load_model(args.model, runtime="native", dtype=args.dtype).runner
+    shapes = [(1, int(n)) for n in args.tokens.split(",")] + [(int(s), 1) for s in args.sequences.split(",")]
+    slots = [runner.open_slot() for _ in range(max(s for s, _ in shapes))]
+    context = tuple(100 + i % 1000 for i in range(args.context))
+    for slot in slots:
+        runner.forward_batch([SequenceStep(slot, context, "none")])
+    results = []
+    for sequences, tokens in shapes:
+        steps = [SequenceStep(slot, (7,) * tokens, "all") for slot in slots[:sequences]]
+        walls = []
+        for i in range(5 + args.steps):  # 5 untimed
+            started = time.perf_counter()
+            runner.forward_batch(steps)
+            if i >= 5:
+                walls.append(time.perf_counter() - started)
+            for slot in slots[:sequences]:
+                runner.rollback_slot(slot, len(context))
+        results.append(f"{sequences}x{tokens} {statistics.median(walls) * 1e3:.2f}")
+    print(f"{args.model} {args.dtype}, {args.threads} threads, {args.context} cached tokens; sequences x tokens, ms:")
+    print(" | ".join(results))
+
+
+if __name__ == "__main__":
+    main()
