@@ -1,6 +1,7 @@
 """Median milliseconds of whole native forwards (the C++ decoder) for several batch shapes, after a given context:
 one sequence feeding 1..N tokens (a decode row, verifications), and S sequences feeding one token each (a batched
-decode step). No profiler: the numbers to compare two checkouts by, run alternately.
+decode step), and prompt chunks of several lengths (logits of the last row only). No profiler: the numbers to compare
+two checkouts by, run alternately.
 
     python scripts/forward_times.py --threads 2
     PYTHONPATH=/tmp/old TORCH_EXTENSIONS_DIR=/tmp/ext-old python scripts/forward_times.py  # another checkout
@@ -26,18 +27,21 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="cached tokens under every forward")
     parser.add_argument("--tokens", default="1,2,3,4,5,6,8,10", help="comma list: one sequence feeding this many")
     parser.add_argument("--sequences", default="4,8,16", help="comma list: this many sequences feeding one each")
+    parser.add_argument("--prompt-chunks", default="", help="comma list: one sequence reading a prompt chunk this long")
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     runner = load_model(args.model, runtime="native", dtype=args.dtype).runner
-    shapes = [(1, int(n)) for n in args.tokens.split(",")] + [(int(s), 1) for s in args.sequences.split(",")]
-    slots = [runner.open_slot() for _ in range(max(s for s, _ in shapes))]
+    shapes = [(1, int(n), "all") for n in args.tokens.split(",") if n]
+    shapes += [(int(s), 1, "all") for s in args.sequences.split(",") if s]
+    shapes += [(1, int(n), "last") for n in args.prompt_chunks.split(",") if n]
+    slots = [runner.open_slot() for _ in range(max(s for s, _, _ in shapes))]
     context = tuple(100 + i % 1000 for i in range(args.context))
     for slot in slots:
         runner.forward_batch([SequenceStep(slot, context, "none")])
     results = []
-    for sequences, tokens in shapes:
-        steps = [SequenceStep(slot, (7,) * tokens, "all") for slot in slots[:sequences]]
+    for sequences, tokens, logits in shapes:
+        steps = [SequenceStep(slot, (7,) * tokens, logits) for slot in slots[:sequences]]
         walls = []
         for i in range(5 + args.steps):  # 5 untimed
             started = time.perf_counter()
@@ -46,7 +50,8 @@ def main() -> None:
                 walls.append(time.perf_counter() - started)
             for slot in slots[:sequences]:
                 runner.rollback_slot(slot, len(context))
-        results.append(f"{sequences}x{tokens} {statistics.median(walls) * 1e3:.2f}")
+        kind = "x" if logits == "all" else "x prompt "
+        results.append(f"{sequences}{kind}{tokens} {statistics.median(walls) * 1e3:.2f}")
     print(f"{args.model} {args.dtype}, {args.threads} threads, {args.context} cached tokens; sequences x tokens, ms:")
     print(" | ".join(results))
 

@@ -30,9 +30,11 @@ from tests.test_native_runtime import _save_random_model, _tokens
 
 
 def gpu_path(runner, monkeypatch, tiles: bool = True) -> None:
-    """Make a CPU runner compute as it does on a GPU: Python layers, portable row operations, dense products in
-    tiles of `GPU_ROW_TILE` rows (or, `tiles=False`, untiled: the negative control)."""
+    """Make a CPU runner compute as it does on a GPU: Python layers, portable row operations, prompt blocks
+    attending in one masked product each, dense products in tiles of `GPU_ROW_TILE` rows (or, `tiles=False`,
+    untiled: the negative control)."""
     monkeypatch.setattr(runner, "decoder", None)
+    monkeypatch.setattr(runner, "prompt_rows_attend_alone", False)
     monkeypatch.setattr(runner_module, "rms_norm", portable.rms_norm)
     monkeypatch.setattr(runner_module, "rope_rows", portable.rope)
     monkeypatch.setattr(runner_module, "attend_rows", portable.attend)

@@ -10,7 +10,8 @@ all N rows at once, the matrix products over all verification rows at once where
 row-invariant (int8, a GGUF's blocks, dense tiles on a GPU) and over each prompt block on its own (4-bit
 blocks: in the one product of all rows; see `Linear.batched` for why each row equals its sequence's own),
 while attention runs per sequence over its own cache with exactly the shapes a forward of that sequence
-alone would use. The batch-1 `ModelRunner` methods work on slot 0.
+alone would use: on the CPU every row alone (`kernels.attend`), prompt rows included; on other devices a
+prompt block in one masked product (`layers.attention`). The batch-1 `ModelRunner` methods work on slot 0.
 """
 
 import itertools
@@ -47,7 +48,8 @@ class _Part:
     start: int  # position of its first row
     rows: slice  # within the sequence's new rows
     masks: dict[int | None, torch.Tensor] | None  # a prompt block's `block_mask` by sliding window size (None:
-    # full attention); None for a verification, whose queries each attend alone
+    # full attention) where it attends in one product; None where its rows attend alone (a verification, and on
+    # the CPU every row)
 
 
 @dataclass(frozen=True)
@@ -69,15 +71,15 @@ class _Sequence:
 
 
 @dataclass(frozen=True)
-class _Verifications:
-    """The verification rows of a batched forward (every row outside a prompt chunk), as `kernels.attend` reads
-    them."""
+class _AloneRows:
+    """The rows of a batched forward that attend alone (on the CPU every row; elsewhere every row outside a prompt
+    chunk), as `kernels.attend` reads them."""
 
-    caches: tuple[KVCache, ...]  # of the verifying sequences, in order
+    caches: tuple[KVCache, ...]  # of their sequences, in order
     sequence: torch.Tensor  # [R] int64: each row's index into caches
     spans: dict[int | None, tuple[torch.Tensor, torch.Tensor]]  # window size -> first, last + 1 position [R] each
     rows: torch.Tensor | None  # [R] their rows in the stacked activations (on the runner's device); None when every
-    # row verifies
+    # row attends alone
 
 
 class NativeRunner:
@@ -90,6 +92,10 @@ class NativeRunner:
         self.device = device
         self.spec = spec
         self.dtype = dtype  # activations and KV cache
+        # on the CPU prompt rows attend alone too, as verification rows do (`kernels.attend`): 1.4x faster than a
+        # prompt block's masked product there (docs/native_runtime.md, stop 46), and a row's result depends on its
+        # position only; elsewhere a prompt block attends in one masked product (`layers.attention`)
+        self.prompt_rows_attend_alone = device.type == "cpu"
         self._weights = weights
         self._slots: dict[int, KVCache] = {OWN_SLOT: self._new_cache()}
         self._free: list[int] = []  # opened slots closed since, whose caches are reused
@@ -178,16 +184,16 @@ class NativeRunner:
         rope = {key: (table.cos[positions], table.sin_signed[positions]) for key, table in self._rope.items()}
         groups = tuple(group for sequence in sequences for group in sequence.row_groups())
         wanted = self._check_layers(steps)
-        verifying = self._verifications(sequences)
+        alone = self._alone_rows(sequences)
         x = self._embed([token for step in steps for token in step.token_ids])  # [N, d]
         entering: dict[int, torch.Tensor] = {}  # layer id -> the residual stream entering it [N, d]
         if self.decoder is not None:
-            x, entering = self._decode(x, sequences, groups, rope, verifying, wanted)
+            x, entering = self._decode(x, sequences, groups, rope, alone, wanted)
         else:
             for i, layer in enumerate(self._weights.layers):
                 if i in wanted:
                     entering[i] = x
-                x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]], verifying)
+                x = self._layer(i, layer, x, sequences, groups, rope[self.spec.layer_rope[i]], alone)
         for sequence, n in zip(sequences, lengths):
             sequence.cache.length = sequence.start + n
         return self._outputs(steps, sequences, x, entering)
@@ -198,15 +204,14 @@ class NativeRunner:
         sequences: list[_Sequence],
         groups: tuple[RowGroup, ...],
         rope: dict[str, tuple[torch.Tensor, torch.Tensor]],
-        verifying: "_Verifications",
+        alone: "_AloneRows",
         wanted: set[int],
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Every layer of a forward in one call of the C++ decoder (`kernels/decoder.cpp`): the same kernels and
-        operators in the same order as `_layer`, so the same bits. x [N, d] -> (x after the last layer [N, d], the
-        residual stream entering each wanted layer)."""
+        operators in the same order as `_layer` on the CPU (every row attending alone), so the same bits. x [N, d]
+        -> (x after the last layer [N, d], the residual stream entering each wanted layer)."""
         layers = sorted(wanted & set(range(self.spec.num_layers)))
-        _, end = next(iter(verifying.spans.values()))  # the same in every window
-        blocks = [(s, seq, part) for s, seq in enumerate(sequences) if seq.prompt for part in seq.parts]
+        _, end = next(iter(alone.spans.values()))  # the same in every window
         out = self.decoder.run(
             x,
             [keys for seq in sequences for keys in seq.cache.keys],
@@ -216,18 +221,9 @@ class NativeRunner:
             [v for group in groups for v in (group.rows.start, _length(group.rows), int(group.prompt_block))],
             [cos for cos, _ in rope.values()],
             [sin for _, sin in rope.values()],
-            [int(not seq.prompt) for seq in sequences],
-            verifying.rows,
-            verifying.sequence,
+            alone.sequence,
             end,
-            [verifying.spans[window][0] for window in self._windows],
-            [
-                v
-                for s, seq, part in blocks
-                for v in (s, seq.rows.start + part.rows.start, _length(part.rows), part.start)
-            ],
-            [key_begin(part.start, window) for _, _, part in blocks for window in self._windows],
-            [part.masks[window] for _, _, part in blocks for window in self._windows],
+            [alone.spans[window][0] for window in self._windows],
             layers,
         )
         return out[0], dict(zip(layers, out[1:]))
@@ -269,11 +265,12 @@ class NativeRunner:
                 )
         return native
 
-    def _verifications(self, sequences: list[_Sequence]) -> "_Verifications":
-        """Which rows verify (every one not in a prompt chunk) and the keys each reads, per sliding-window size."""
-        verifying = [seq for seq in sequences if not seq.prompt]
-        owner = [j for j, seq in enumerate(verifying) for _ in range(_length(seq.rows))]
-        positions = [seq.start + j for seq in verifying for j in range(_length(seq.rows))]
+    def _alone_rows(self, sequences: list[_Sequence]) -> "_AloneRows":
+        """Which rows attend alone (every one not in a prompt chunk, and on the CPU every one) and the keys each
+        reads, per sliding-window size."""
+        alone = [seq for seq in sequences if self.prompt_rows_attend_alone or not seq.prompt]
+        owner = [j for j, seq in enumerate(alone) for _ in range(_length(seq.rows))]
+        positions = [seq.start + j for seq in alone for j in range(_length(seq.rows))]
         spans = {
             window: (
                 torch.tensor([key_begin(p, window) for p in positions], dtype=torch.long),
@@ -282,10 +279,10 @@ class NativeRunner:
             for window in set(self.spec.layer_windows)
         }
         rows = None
-        if len(verifying) < len(sequences):
-            numbers = [r for seq in verifying for r in range(seq.rows.start, seq.rows.stop)]
+        if len(alone) < len(sequences):
+            numbers = [r for seq in alone for r in range(seq.rows.start, seq.rows.stop)]
             rows = torch.tensor(numbers, dtype=torch.long, device=self.device)
-        return _Verifications(tuple(seq.cache for seq in verifying), torch.tensor(owner, dtype=torch.long), spans, rows)
+        return _AloneRows(tuple(seq.cache for seq in alone), torch.tensor(owner, dtype=torch.long), spans, rows)
 
     def _check_layers(self, steps: Sequence[SequenceStep]) -> set[int]:
         """Every layer id some step asks the states of (0..num_layers, see `models/base.py`)."""
@@ -313,16 +310,21 @@ class NativeRunner:
         Each query of a verification (logits returned) attends alone over exactly the keys a 1-token forward at
         its position reads, with that forward's shapes: masked keys a longer product would carry change where
         its reductions split and how they round on some CPUs (seen on AVX2: a 4-token forward's row differed
-        from the 1-token forward's by 0.125 in its logits at 806 cached positions). A prompt chunk attends one
-        masked product per PREFILL_BLOCK of positions it touches, so a row's result depends only on its
-        block, never on where the chunk began: a prompt cut into forwards at block boundaries leaves the same
-        cache however it was cut.
+        from the 1-token forward's by 0.125 in its logits at 806 cached positions). A prompt chunk has one part
+        per PREFILL_BLOCK of positions it touches (its matrix products' row groups, `Linear.batched`); on the CPU its
+        rows attend alone like a verification's, elsewhere each block in one masked product, so a row's result
+        depends only on its block, never on where the chunk began: a prompt cut into forwards at block boundaries
+        leaves the same cache however it was cut.
         """
         if verification:
             return (_Part(start, slice(0, n), None),)
         bounds = [start, *range((start // PREFILL_BLOCK + 1) * PREFILL_BLOCK, start + n, PREFILL_BLOCK), start + n]
         return tuple(
-            _Part(begin, slice(begin - start, end - start), self._block_masks(begin, end - begin))
+            _Part(
+                begin,
+                slice(begin - start, end - start),
+                None if self.prompt_rows_attend_alone else self._block_masks(begin, end - begin),
+            )
             for begin, end in zip(bounds, bounds[1:])
         )
 
@@ -379,7 +381,7 @@ class NativeRunner:
         sequences: list[_Sequence],
         groups: tuple[RowGroup, ...],
         rope: tuple[torch.Tensor, torch.Tensor],
-        verifying: "_Verifications",
+        alone: "_AloneRows",
     ) -> torch.Tensor:
         spec = self.spec
         qk, values = self._attention_inputs(layer, x, groups, rope)
@@ -387,29 +389,27 @@ class NativeRunner:
         for seq in sequences:
             seq.cache.write(i, seq.start, keys[seq.rows], values[seq.rows])
         window = spec.layer_windows[i]
-        if verifying.rows is None:  # every sequence verifies (or decodes): one call for all rows
-            attended = self._attend_verifications(i, queries, verifying, window)
+        if alone.rows is None:  # every row attends alone: one call for all rows
+            attended = self._attend_alone(i, queries, alone, window)
         else:
             attended = torch.empty(x.shape[0], spec.num_heads * spec.head_dim, dtype=x.dtype, device=x.device)
-            if len(verifying.rows):
-                attended[verifying.rows] = self._attend_verifications(i, queries[verifying.rows], verifying, window)
+            if len(alone.rows):
+                attended[alone.rows] = self._attend_alone(i, queries[alone.rows], alone, window)
             for seq in sequences:
-                if seq.prompt:
+                if seq.prompt:  # elsewhere than on the CPU: a prompt block attends in one masked product
                     for part in seq.parts:
                         rows = slice(seq.rows.start + part.rows.start, seq.rows.start + part.rows.stop)
                         attended[rows] = self._attend_prompt_block(i, queries[rows], seq.cache, part, window)
         return self._attention_output_and_mlp(layer, x, attended, groups)
 
-    def _attend_verifications(
-        self, i: int, queries: torch.Tensor, verifying: "_Verifications", window: int | None
-    ) -> torch.Tensor:
-        """Every verification row alone over exactly the keys a 1-token forward at its position reads, in one
-        kernel call for all sequences (`kernels.attend`: a row's result never depends on the other rows):
-        queries [R, H, hd] -> [R, H * hd]."""
-        caches = verifying.caches
-        begin, end = verifying.spans[window]
+    def _attend_alone(self, i: int, queries: torch.Tensor, alone: "_AloneRows", window: int | None) -> torch.Tensor:
+        """Every row alone over exactly the keys a 1-token forward at its position reads, in one kernel call for
+        all sequences (`kernels.attend`: a row's result never depends on the other rows): queries [R, H, hd] ->
+        [R, H * hd]."""
+        caches = alone.caches
+        begin, end = alone.spans[window]
         keys, values = [c.keys[i] for c in caches], [c.values[i] for c in caches]
-        return attend_rows(queries, keys, values, verifying.sequence, begin, end, self.spec.attention_scale)
+        return attend_rows(queries, keys, values, alone.sequence, begin, end, self.spec.attention_scale)
 
     def _attend_prompt_block(
         self, i: int, queries: torch.Tensor, cache: KVCache, part: _Part, window: int | None

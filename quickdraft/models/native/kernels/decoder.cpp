@@ -1,5 +1,6 @@
 // The decoder layers of a forward on the CPU, in one call: `torch.classes.quickdraft.Decoder`. It computes exactly
-// what runner.py's Python layers compute for the same forward (verification rows, prompt chunks, or both), with the
+// what runner.py's Python layers compute on the CPU for the same forward (verification rows, prompt chunks, or both),
+// with the
 // same kernels and the same ATen operators in the same order (so the rows are the same bits whichever path ran them),
 // without the Python and dispatcher work around each of a step's ~1300 small operators. Devices other than the CPU
 // keep the Python layers.
@@ -97,21 +98,13 @@ struct Matrix {
   }
 };
 
-// One PREFILL_BLOCK of a prompt chunk: its rows attend in one masked product over their sequence's cache.
-struct PromptPart {
-  int64_t sequence;  // index into run()'s sequences
-  int64_t first;     // its first row of the stacked activations
-  int64_t count;     // its rows, at positions start..start+count-1
-  int64_t start;
-};
-
 struct Layer {
   at::Tensor input_norm;           // [d]
   at::Tensor qk_norm;              // [H + KV, hd] or undefined
   at::Tensor post_attention_norm;  // [d] or undefined
   at::Tensor pre_mlp_norm;         // [d]
   at::Tensor post_mlp_norm;        // [d] or undefined
-  int64_t window_slot;             // index into run()'s `begins`, and w of its `part_begins` and `masks`
+  int64_t window_slot;             // index into run()'s `begins`
   int64_t rope_slot;               // index into run()'s `cos` and `sin`
   std::vector<Matrix> matrices;    // qkv, o, gate_up, down
 };
@@ -139,19 +132,12 @@ void write_positions(const at::Tensor& cache, int64_t start, const at::Tensor& r
   }
 }
 
-// run()'s flat int64 lists as structs: three values per row group, four per prompt part.
+// run()'s flat int64 list as structs: three values per row group.
 std::vector<RowGroup> row_groups(const std::vector<int64_t>& flat) {
   TORCH_CHECK(flat.size() % 3 == 0, "give three values per row group: first row, row count, prompt block");
   std::vector<RowGroup> groups;
   for (size_t g = 0; g < flat.size(); g += 3) groups.push_back(RowGroup{flat[g], flat[g + 1], flat[g + 2] != 0});
   return groups;
-}
-
-std::vector<PromptPart> prompt_parts(const std::vector<int64_t>& flat) {
-  TORCH_CHECK(flat.size() % 4 == 0, "give four values per prompt part: sequence, first row, row count, start");
-  std::vector<PromptPart> parts;
-  for (size_t p = 0; p < flat.size(); p += 4) parts.push_back(PromptPart{flat[p], flat[p + 1], flat[p + 2], flat[p + 3]});
-  return parts;
 }
 
 class Decoder : public torch::CustomClassHolder {
@@ -182,41 +168,25 @@ class Decoder : public torch::CustomClassHolder {
   // x [N, d]: the stacked rows of S sequences, counts[s] rows each, at cache positions starts[s]..; keys and values
   // [S * layers] (sequence s's layer i at s * layers + i, [KV, capacity, hd]); groups: three values per row group
   // (first row, row count, 1 for a prompt block), as weights.Linear.batched takes them; cos, sin [N, 1, hd] per rope
-  // slot.
-  // Verification rows (every row outside a prompt chunk): verifying [S] 1 for a verifying sequence; rows [R] int64
-  // their rows in x, or None when every row verifies; sequence, end [R] and begins[w] [R] (one per window slot) as
-  // kernels.attend reads them, `sequence` indexing the verifying sequences in order.
-  // Prompt blocks: parts, four values per block (sequence, first row, row count, first position); begins and masks
-  // per block and window slot (block p's at p * windows + w): the first key position it reads, and its additive
-  // mask [count, start + count - begin] (layers.block_mask).
+  // slot. Every row attends alone over its own sequence's keys: sequence, end [N] and begins[w] [N] (one per
+  // window slot) as kernels.attend reads them.
   // Writes every row's keys and values into its cache. Returns [x after the last layer, then x entering each layer
   // of `wanted`, in its order].
   std::vector<at::Tensor> run(at::Tensor x, std::vector<at::Tensor> keys, std::vector<at::Tensor> values,
                               std::vector<int64_t> starts, std::vector<int64_t> counts, std::vector<int64_t> groups,
-                              std::vector<at::Tensor> cos, std::vector<at::Tensor> sin, std::vector<int64_t> verifying,
-                              std::optional<at::Tensor> rows, at::Tensor sequence, at::Tensor end,
-                              std::vector<at::Tensor> begins, std::vector<int64_t> parts,
-                              std::vector<int64_t> part_begins, std::vector<at::Tensor> masks,
-                              std::vector<int64_t> wanted) {
+                              std::vector<at::Tensor> cos, std::vector<at::Tensor> sin, at::Tensor sequence,
+                              at::Tensor end, std::vector<at::Tensor> begins, std::vector<int64_t> wanted) {
     const int64_t num_layers = static_cast<int64_t>(layers_.size());
-    Forward forward{starts, {}, row_groups(groups), cos, sin, {}, defined_or_empty(rows), sequence, end, begins,
-                    prompt_parts(parts), part_begins, masks};
+    Forward forward{starts, {}, row_groups(groups), cos, sin, sequence, end, begins};
     const size_t sequences = starts.size();
-    TORCH_CHECK(counts.size() == sequences && verifying.size() == sequences &&
-                    keys.size() == sequences * num_layers && values.size() == keys.size(),
-                "give starts, counts, verifying flags, and every sequence's keys and values of every layer");
-    TORCH_CHECK(part_begins.size() == masks.size() && masks.size() == forward.parts.size() * begins.size(),
-                "give every prompt block a first key and a mask per window slot");
-    for (const PromptPart& part : forward.parts) {
-      TORCH_CHECK(0 <= part.sequence && part.sequence < static_cast<int64_t>(sequences) && 0 <= part.first &&
-                      part.count > 0 && part.first + part.count <= x.size(0),
-                  "a prompt block names no sequence or lies outside x's rows");
-    }
+    TORCH_CHECK(counts.size() == sequences && keys.size() == sequences * num_layers && values.size() == keys.size(),
+                "give starts, counts, and every sequence's keys and values of every layer");
+    TORCH_CHECK(sequence.size(0) == x.size(0) && end.size(0) == x.size(0), "give every row a sequence and an end");
+    for (const at::Tensor& begin : begins) TORCH_CHECK(begin.size(0) == x.size(0), "give every row its first key");
     int64_t first = 0;
     for (size_t s = 0; s < sequences; ++s) {
       forward.rows.emplace_back(first, counts[s]);
       first += counts[s];
-      if (verifying[s] != 0) forward.verifying.push_back(static_cast<int64_t>(s));
     }
     TORCH_CHECK(first == x.size(0), "counts must add up to x's rows");
     std::vector<at::Tensor> entering(wanted.size());
@@ -238,13 +208,8 @@ class Decoder : public torch::CustomClassHolder {
     std::vector<std::pair<int64_t, int64_t>> rows;    // each sequence's first row and row count
     std::vector<RowGroup> groups;                     // the matrix products' row groups
     std::vector<at::Tensor> cos, sin;                 // per rope slot [N, 1, hd]
-    std::vector<int64_t> verifying;                   // the verifying sequences, in order
-    at::Tensor verification_rows;                     // [R], or undefined when every row verifies
-    at::Tensor sequence, end;                         // [R] each
-    std::vector<at::Tensor> begins;                   // per window slot [R]
-    std::vector<PromptPart> parts;                    // the prompt blocks
-    std::vector<int64_t> part_begins;                 // per block and window slot
-    std::vector<at::Tensor> masks;                    // per block and window slot
+    at::Tensor sequence, end;                         // [N] each
+    std::vector<at::Tensor> begins;                   // per window slot [N]
   };
 
   at::Tensor layer(int64_t i, const at::Tensor& x, const std::vector<at::Tensor>& keys,
@@ -259,46 +224,19 @@ class Decoder : public torch::CustomClassHolder {
     const at::Tensor new_values = qkv.narrow(1, qk_width, kv_heads_ * head_dim_).view({n, kv_heads_, head_dim_});
     if (layer.qk_norm.defined()) qk = at::mul(rms_norm(qk.contiguous(), std::nullopt, eps_), layer.qk_norm);
     qk = rope(qk, forward.cos.at(layer.rope_slot), forward.sin.at(layer.rope_slot));  // [N, H + KV, hd]
-    // runner._layer: write the new keys and values, then every verification row attends alone over its own keys
-    // and every prompt block in one masked product
+    // runner._layer: write the new keys and values, then every row attends alone over its own keys
     const at::Tensor queries = qk.narrow(1, 0, heads_), new_keys = qk.narrow(1, heads_, kv_heads_);
     const int64_t num_layers = static_cast<int64_t>(layers_.size());
+    std::vector<at::Tensor> layer_keys, layer_values;
     for (size_t s = 0; s < forward.starts.size(); ++s) {
       const auto& [row, count] = forward.rows[s];
-      write_positions(keys[s * num_layers + i], forward.starts[s], new_keys, row, count);
-      write_positions(values[s * num_layers + i], forward.starts[s], new_values, row, count);
+      layer_keys.push_back(keys[s * num_layers + i]);
+      layer_values.push_back(values[s * num_layers + i]);
+      write_positions(layer_keys.back(), forward.starts[s], new_keys, row, count);
+      write_positions(layer_values.back(), forward.starts[s], new_values, row, count);
     }
-    std::vector<at::Tensor> verifying_keys, verifying_values;
-    for (const int64_t s : forward.verifying) {
-      verifying_keys.push_back(keys[s * num_layers + i]);
-      verifying_values.push_back(values[s * num_layers + i]);
-    }
-    const at::Tensor& begin = forward.begins.at(layer.window_slot);
-    at::Tensor attended;  // [N, H hd]
-    if (!forward.verification_rows.defined()) {
-      attended = attend(queries.contiguous(), verifying_keys, verifying_values, forward.sequence, begin, forward.end,
-                        attention_scale_);
-    } else {
-      attended = at::empty({n, heads_ * head_dim_}, x.options());
-      if (forward.verification_rows.numel() > 0) {
-        attended.index_put_({forward.verification_rows},
-                            attend(queries.index({forward.verification_rows}), verifying_keys, verifying_values,
-                                   forward.sequence, begin, forward.end, attention_scale_));
-      }
-      const size_t windows = forward.begins.size();
-      for (size_t p = 0; p < forward.parts.size(); ++p) {
-        const PromptPart& part = forward.parts[p];
-        const int64_t first_key = forward.part_begins[p * windows + layer.window_slot];
-        const int64_t length = part.start + part.count - first_key;
-        const at::Tensor block_keys = keys[part.sequence * num_layers + i].narrow(1, first_key, length);
-        const at::Tensor block_values = values[part.sequence * num_layers + i].narrow(1, first_key, length);
-        const at::Tensor out = at::scaled_dot_product_attention(
-            queries.narrow(0, part.first, part.count).transpose(0, 1).unsqueeze(0), block_keys.unsqueeze(0),
-            block_values.unsqueeze(0), forward.masks[p * windows + layer.window_slot], 0.0, false,
-            attention_scale_, true);  // [1, H, count, hd]: layers.attention
-        attended.narrow(0, part.first, part.count).copy_(out[0].transpose(0, 1).reshape({part.count, -1}));
-      }
-    }
+    const at::Tensor attended = attend(queries.contiguous(), layer_keys, layer_values, forward.sequence,
+                                       forward.begins.at(layer.window_slot), forward.end, attention_scale_);  // [N, H hd]
     // runner._attention_output_and_mlp
     at::Tensor out = layer.matrices[1].batched(attended, groups);
     if (layer.post_attention_norm.defined()) out = rms_norm(out, layer.post_attention_norm, eps_);
