@@ -1,12 +1,14 @@
 """What `kernels.attend` alone costs per call (one layer's attention), on smollm2's shapes by default: a decode row,
-a 5-row verification and 16 sequences' decode rows, over contexts of several lengths.
+a 5-row verification, 16 sequences' decode rows and a 128-row prompt block, over contexts of several lengths; the
+prompt block also through `layers.attention` (one masked product, torch's flash kernel: what prompt blocks ran
+before stop 46, and still run off the CPU).
 
     python scripts/attend_cost.py --threads 2
     QUICKDRAFT_KERNELS_ISA=avx2 python scripts/attend_cost.py --contexts 256,1024
 
 A bfloat16 cache of 4 layers' worth of sequences, read in turn (so a call does not find the previous call's cache
 in the processor's caches); the median over `--repeats` passes of 30 calls. Prints microseconds per call and
-thread-nanoseconds per query head and position. docs/native_runtime.md (stop 44) quotes it.
+thread-nanoseconds per query head and position. docs/native_runtime.md (stops 44 and 46) quotes it.
 """
 
 import argparse
@@ -16,8 +18,14 @@ import time
 import torch
 
 from quickdraft.models.native.kernels import attend, built_instruction_set
+from quickdraft.models.native.layers import attention, block_mask
 
-CASES = ((1, 1, "decode row"), (5, 1, "verification, 5 rows"), (1, 16, "16 sequences' decode rows"))
+CASES = (
+    (1, 1, "decode row"),
+    (5, 1, "verification, 5 rows"),
+    (1, 16, "16 sequences' decode rows"),
+    (128, 1, "prompt block, 128 rows"),
+)
 
 
 def main() -> None:
@@ -35,11 +43,24 @@ def main() -> None:
             seconds = time_calls(rows, sequences, context, kv_heads, group, head_dim, args.repeats)
             per_query = seconds / (sequences * rows * kv_heads * group * context) * args.threads
             print(f"{label:<27} context {context:>5}: {seconds * 1e6:8.1f} us a call, {per_query * 1e9:5.2f} thread-ns")
+            if rows >= 128:
+                masked = time_calls(rows, 1, context, kv_heads, group, head_dim, args.repeats, masked_product=True)
+                print(f"{'  as one masked product':<27} context {context:>5}: {masked * 1e6:8.1f} us a call")
 
 
-def time_calls(rows: int, sequences: int, context: int, kv_heads: int, group: int, head_dim: int, repeats: int):
+def time_calls(
+    rows: int,
+    sequences: int,
+    context: int,
+    kv_heads: int,
+    group: int,
+    head_dim: int,
+    repeats: int,
+    masked_product: bool = False,
+):
     """Median seconds of one call: `rows` consecutive rows of each of `sequences` sequences, the last row reading
-    `context` + rows positions."""
+    `context` + rows positions (`masked_product`: one sequence's rows as a prompt block through
+    `layers.attention`)."""
     capacity, layers = context + rows, 4
     caches = [
         [torch.randn(kv_heads, capacity, head_dim).to(torch.bfloat16) for _ in range(2 * sequences)]
@@ -49,12 +70,16 @@ def time_calls(rows: int, sequences: int, context: int, kv_heads: int, group: in
     sequence = torch.arange(sequences).repeat_interleave(rows)  # [R]
     begin = torch.zeros(rows * sequences, dtype=torch.long)  # [R]
     end = (context + 1 + torch.arange(rows)).repeat(sequences)  # [R]: row r of a sequence reads r more
+    mask = block_mask(context, rows, None, torch.bfloat16, torch.device("cpu"))  # [rows, context + rows]
     passes = []
     for _ in range(repeats):
         started = time.perf_counter()
         for call in range(30):
             cache = caches[call % layers]
-            attend(queries, cache[:sequences], cache[sequences:], sequence, begin, end, head_dim**-0.5)
+            if masked_product:
+                attention(queries, cache[0], cache[1], head_dim**-0.5, mask)
+            else:
+                attend(queries, cache[:sequences], cache[sequences:], sequence, begin, end, head_dim**-0.5)
         passes.append((time.perf_counter() - started) / 30)
     return statistics.median(passes)
 
