@@ -71,6 +71,20 @@ MUTANTS = [
         ("tests/test_native_runtime.py", "-k", "prefill_matches_transformers"),
     ),
     Mutant(
+        "decoder-reads-every-layer-through-the-first-window",
+        "quickdraft/models/native/kernels/decoder.cpp",
+        "forward.begins.at(layer.window_slot)",
+        "forward.begins.at(0)",
+        ("tests/test_batch_runtime.py", "-k", "cpp_decoder and gemma3"),
+    ),
+    Mutant(
+        "prompt-block-mask-keeps-one-key-past-the-window",
+        "quickdraft/models/native/layers.py",
+        "blocked |= key_pos <= query_pos - window",
+        "blocked |= key_pos < query_pos - window",
+        ("tests/test_devices.py", "-k", "prompt_blocks_attend"),
+    ),
+    Mutant(
         "decoder-writes-keys-one-position-late",
         "quickdraft/models/native/kernels/decoder.cpp",
         "write_positions(layer_keys.back(), forward.starts[s], new_keys, row, count)",

@@ -16,9 +16,11 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
 
 from quickdraft.errors import UsageError
 from quickdraft.models import loading
+from quickdraft.models.base import SequenceStep
 from quickdraft.models.native import default_native_dtype, native_runner_for
 from quickdraft.models.native import layers as layers_module
 from quickdraft.models.native import runner as runner_module
@@ -26,7 +28,7 @@ from quickdraft.models.native import weights as weights_module
 from quickdraft.models.native.kernels import attend, portable, rms_norm, rope, silu_mul
 from quickdraft.models.native.weights import GPU_ROW_TILE, Linear, dense_row_tile
 from tests.test_batch_runtime import CONFIGS, batch_differences
-from tests.test_native_runtime import _save_random_model, _tokens
+from tests.test_native_runtime import FP32_TOL, _max_diff, _reference, _save_random_model, _tokens
 
 
 def gpu_path(runner, monkeypatch, tiles: bool = True) -> None:
@@ -140,6 +142,23 @@ def test_on_the_gpu_path_batched_rows_equal_solo_rows_even_under_a_row_count_var
     for runner in (batched, alone):
         gpu_path(runner, monkeypatch)
     assert batch_differences(batched, alone, sequences=4, rounds=25, seed=5) == []
+
+
+def test_on_the_gpu_path_prompt_blocks_attend_as_transformers_does(model_dir, monkeypatch):
+    """Off the CPU a prompt block attends in one masked product (`layers.attention` over `block_mask`): a prefill of
+    150 tokens (a PREFILL_BLOCK and part of the next) and a 90-token prompt chunk after it that starts mid-block,
+    past every sliding window, give transformers' logits within float32 rounding. A wrong window term in the mask
+    or a wrong first key for a block would fail here; on the CPU prompt rows attend alone and never take this
+    path."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    runner = native_runner_for(model_dir, "float32")
+    gpu_path(runner, monkeypatch)
+    assert not runner.prompt_rows_attend_alone
+    ids = _tokens(240, seed=7)
+    reference = _reference(model, ids)
+    assert _max_diff(runner.prefill(ids[:150]), reference[149]) <= FP32_TOL
+    (out,) = runner.forward_batch([SequenceStep(0, tuple(ids[150:]), "last")])
+    assert _max_diff(out.logits[0], reference[239]) <= FP32_TOL
 
 
 def test_dense_products_run_in_tiles_off_the_cpu_only():

@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
@@ -27,7 +26,6 @@ from quickdraft.errors import InternalError, UsageError
 from quickdraft.models.base import ModelRunner
 from quickdraft.models.native import kv_cache, native_runner_for
 from quickdraft.models.native import runner as runner_module
-from quickdraft.models.native.layers import attention, block_mask, key_begin
 from quickdraft.models.native.rope import RopeTable
 from quickdraft.models.native.spec import RopeFrequencies
 
@@ -424,32 +422,3 @@ def test_verification_rows_equal_one_token_forwards_even_with_a_kernel_sensitive
     assert differences() == [0.0] * 3
     monkeypatch.setattr(runner_module, "attend_rows", all_queries_over_the_last_ones_keys)
     assert min(differences()) > 0.0
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_prompt_block_attention_is_the_same_bits_at_every_thread_count(dtype):
-    """A prompt block's attention (torch's flash kernel: the default call equals the call pinned to it) gives the
-    same bits on 1, 2 and 3 threads: for a first block, blocks after 300 and 700 cached positions, and blocks whose
-    keys start at a sliding window, some over more keys than one of the kernel's 512-key blocks. The engine's
-    thread count is the user's choice, and a server's batched and solo runs must agree whatever it is; a kernel
-    that split a row's keys among the threads would fail here."""
-    generator = torch.Generator().manual_seed(3)
-    heads, kv_heads, head_dim = 6, 2, 32
-    found = {}
-    for start, n, window in ((0, 128, None), (300, 128, None), (300, 57, 200), (700, 128, None), (900, 128, 600)):
-        length = start + n - key_begin(start, window)
-        q = torch.randn(n, heads, head_dim, generator=generator).to(dtype)
-        keys, values = (torch.randn(kv_heads, length, head_dim, generator=generator).to(dtype) for _ in range(2))
-        mask = block_mask(start, n, window, dtype, torch.device("cpu"))
-        threads = torch.get_num_threads()
-        try:
-            outputs = []
-            for count in (1, 2, 3):
-                torch.set_num_threads(count)
-                outputs.append(attention(q, keys, values, 0.125, mask))
-        finally:
-            torch.set_num_threads(threads)
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            outputs.append(attention(q, keys, values, 0.125, mask))
-        found[start, window] = [_max_diff(outputs[0], other) for other in outputs[1:]]
-    assert all(d == [0.0, 0.0, 0.0] for d in found.values()), found

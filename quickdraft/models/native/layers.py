@@ -32,10 +32,9 @@ def attention(
 
     torch's `scaled_dot_product_attention` (on the CPU its flash kernel: query-key products in float32 from
     bfloat16 inputs, an online softmax in float32 over fixed key blocks, its weights rounded to the inputs' dtype
-    before the product with the values). A row's result depends on the block's shapes
-    and its own values, never on the thread count (`tests/test_native_runtime.py` checks it), and a prompt's
-    blocks have the same shapes however the prompt was cut into forwards. On smollm2 it is several times faster
-    than the float32 `bmm` pair it replaced (docs/native_runtime.md, stop 42).
+    before the product with the values). A row's result depends on the block's shapes and its own values, and a
+    prompt's blocks have the same shapes however the prompt was cut into forwards (`tests/test_devices.py` checks
+    its logits against transformers' across sliding windows and block boundaries).
     """
     n, heads, head_dim = q.shape
     out = F.scaled_dot_product_attention(

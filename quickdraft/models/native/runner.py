@@ -43,7 +43,8 @@ MATRIX_FORMS = {"dense": 0, "int8": 1, "int4": 2, "int8/32": 3}  # Linear.form -
 
 @dataclass(frozen=True)
 class _Part:
-    """Rows of one sequence that attend in one product."""
+    """Rows of one sequence that go through the matrix products together (a prompt block, or a verification), and
+    off the CPU a prompt block's rows attend in one product."""
 
     start: int  # position of its first row
     rows: slice  # within the sequence's new rows
@@ -93,8 +94,8 @@ class NativeRunner:
         self.spec = spec
         self.dtype = dtype  # activations and KV cache
         # on the CPU prompt rows attend alone too, as verification rows do (`kernels.attend`): 1.4x faster than a
-        # prompt block's masked product there (docs/native_runtime.md, stop 46), and a row's result depends on its
-        # position only; elsewhere a prompt block attends in one masked product (`layers.attention`)
+        # prompt block's masked product there (docs/native_runtime.md, stop 46), and a row's attention depends on
+        # its position only; elsewhere a prompt block attends in one masked product (`layers.attention`)
         self.prompt_rows_attend_alone = device.type == "cpu"
         self._weights = weights
         self._slots: dict[int, KVCache] = {OWN_SLOT: self._new_cache()}
@@ -210,6 +211,8 @@ class NativeRunner:
         """Every layer of a forward in one call of the C++ decoder (`kernels/decoder.cpp`): the same kernels and
         operators in the same order as `_layer` on the CPU (every row attending alone), so the same bits. x [N, d]
         -> (x after the last layer [N, d], the residual stream entering each wanted layer)."""
+        if alone.rows is not None:
+            raise InternalError("the C++ decoder attends every row alone; prompt_rows_attend_alone must stay set")
         layers = sorted(wanted & set(range(self.spec.num_layers)))
         _, end = next(iter(alone.spans.values()))  # the same in every window
         out = self.decoder.run(

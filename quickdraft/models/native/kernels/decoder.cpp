@@ -1,9 +1,8 @@
 // The decoder layers of a forward on the CPU, in one call: `torch.classes.quickdraft.Decoder`. It computes exactly
 // what runner.py's Python layers compute on the CPU for the same forward (verification rows, prompt chunks, or both),
-// with the
-// same kernels and the same ATen operators in the same order (so the rows are the same bits whichever path ran them),
-// without the Python and dispatcher work around each of a step's ~1300 small operators. Devices other than the CPU
-// keep the Python layers.
+// with the same kernels and the same ATen operators in the same order (so the rows are the same bits whichever path
+// ran them), without the Python and dispatcher work around each of a step's ~1300 small operators. Devices other than
+// the CPU keep the Python layers (and attend a prompt block in one masked product).
 
 #include "kernels.h"
 
