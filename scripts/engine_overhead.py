@@ -5,7 +5,8 @@ step, and where the draft rows went (steps that also read a prompt chunk, or not
     python scripts/engine_overhead.py --drafters ngram+head,ngram,none --requests 16 --rounds 2 --threads 2
 
 Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
-`--requests` slots, steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
+`--requests` slots (or `--max-batch`: the rest wait for a free slot, as a closed loop of that many streams would),
+steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
 `--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
 row count", "Speculation under load", "Prompt blocks on fused attention") and docs/native_runtime.md (stop 42)
 quote it.
@@ -27,6 +28,9 @@ def main() -> None:
     )
     parser.add_argument("--prompts", default="../shared/data/specbench_dev.jsonl", help="Spec-Bench style JSONL")
     parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument(
+        "--max-batch", type=int, default=None, help="slots (default: --requests; fewer queue the rest, a closed loop)"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
@@ -39,7 +43,7 @@ def main() -> None:
     prompts = [list(firsts.values())[i % len(firsts)] for i in range(args.requests)]
     engines = {
         name: Engine.from_names(
-            args.model, drafter=name.replace("+", ","), threads=args.threads, max_batch=args.requests
+            args.model, drafter=name.replace("+", ","), threads=args.threads, max_batch=args.max_batch or args.requests
         )
         for name in args.drafters.split(",")
     }
