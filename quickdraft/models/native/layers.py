@@ -28,7 +28,8 @@ def attention(
 ) -> torch.Tensor:
     """Grouped-query attention of a prompt block, one fused product: q [n, H, hd], keys/values [KV, L, hd] and
     `block_mask`'s [n, L] -> [n, H * hd] in q's dtype. Devices other than the CPU run prompt blocks through it; on
-    the CPU prompt rows attend alone (`kernels.attend`, 1.4x faster there: docs/native_runtime.md, stop 46).
+    the CPU prompt rows attend alone (`kernels.attend`, 1.2-1.3x faster there by `scripts/attend_cost.py`:
+    docs/native_runtime.md, stop 46).
 
     torch's `scaled_dot_product_attention` (on the CPU its flash kernel: query-key products in float32 from
     bfloat16 inputs, an online softmax in float32 over fixed key blocks, its weights rounded to the inputs' dtype

@@ -93,7 +93,7 @@ class NativeRunner:
         self.device = device
         self.spec = spec
         self.dtype = dtype  # activations and KV cache
-        # on the CPU prompt rows attend alone too, as verification rows do (`kernels.attend`): 1.4x faster than a
+        # on the CPU prompt rows attend alone too, as verification rows do (`kernels.attend`): 1.2-1.3x faster than a
         # prompt block's masked product there (docs/native_runtime.md, stop 46), and a row's attention depends on
         # its position only; elsewhere a prompt block attends in one masked product (`layers.attention`)
         self.prompt_rows_attend_alone = device.type == "cpu"
