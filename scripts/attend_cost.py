@@ -8,7 +8,7 @@ before stop 46, and still run off the CPU).
 
 A bfloat16 cache of 4 layers' worth of sequences, read in turn (so a call does not find the previous call's cache
 in the processor's caches); the median over `--repeats` passes of 30 calls. Prints microseconds per call and
-thread-nanoseconds per query head and position. docs/native_runtime.md (stops 44 and 46) quotes it.
+thread-nanoseconds per query head and position. docs/native_runtime.md (stops 44, 46 and 47) quotes it.
 """
 
 import argparse

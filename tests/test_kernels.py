@@ -321,6 +321,33 @@ def test_attention_of_verification_rows_is_each_rows_own_whatever_block_or_threa
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("shape", [(3, 64), (1, 72), (1, 256)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_of_a_prompt_blocks_rows_is_each_rows_own(dtype, shape):
+    """A prompt block's rows (causal, one sequence) fill work items of many queries, which an AVX-512 build scores
+    from key blocks turned on their side and weighs from values widened a chunk at a time: each row must still get
+    the bits it gets alone, over spans that cross those blocks and chunks (150 to 213 keys, then 40 under a window
+    whose start moves with the row) and a head size 8 past a multiple of 16, and follow softmax attention."""
+    kv_heads, head_dim = shape
+    generator = torch.Generator().manual_seed(13)
+    heads, start, rows = 3 * kv_heads, 149, 128
+    keys = [torch.randn(kv_heads, 300, head_dim, generator=generator).to(dtype)]
+    values = [torch.randn(kv_heads, 300, head_dim, generator=generator).to(dtype)]
+    queries = torch.randn(rows, heads, head_dim, generator=generator).to(dtype)
+    sequence = torch.zeros(rows, dtype=torch.long)
+    end = torch.arange(start + 1, start + rows + 1)
+    begin = torch.where(torch.arange(rows) < 64, 0, end - 40)  # the last 64 rows under a 40-key window
+    together = attend(queries, keys, values, sequence, begin, end, 0.125)
+    alone = [
+        attend(queries[r : r + 1], keys, values, sequence[r : r + 1], begin[r : r + 1], end[r : r + 1], 0.125)
+        for r in range(rows)
+    ]
+    assert torch.equal(together, torch.cat(alone))
+    expected = reference_attention(queries, keys, values, sequence, begin, end, 0.125)
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    assert torch.allclose(together.double(), expected, rtol=tolerance, atol=tolerance)
+
+
 # sha256 (first 16 hex digits) of `test_attention_is_the_same_bits_on_every_vector_instruction_set`'s outputs, taken
 # on one machine with every instruction set it runs: the vector builds (avx512vnni, avxvnni, avx2) all gave the
 # first, the portable loops (each query's sums in one lane, in another order) the second.
