@@ -617,9 +617,10 @@ at::Tensor eight_bit_matmul(at::Tensor x, at::Tensor packed, int64_t outputs) {
 
 // ---- attention of query rows over a cache ----
 //
-// A work item is one key head of a block of consecutive rows of one sequence (a verification's rows, or a decode
-// row), or a part of the query heads that share it (`head_parts`): its queries (the block's rows times those
-// query heads) read the cache 8 positions at a time. Each cached key and value is widened to float32 once for all
+// A work item is one key head of a block of consecutive rows of one sequence (a prompt block's or a verification's
+// rows, or a decode row), or a part of the query heads that share it (`head_parts`): its queries (the block's rows
+// times those query heads) read the cache 8 positions at a time (16, from key blocks turned on their side, where an
+// AVX-512 build's item has many queries: `score_many`). Each cached key and value is widened to float32 once for all
 // of them (in registers where the head size allows, else into a block buffer), and each query computes from them
 // exactly what it would alone: its score per position (products over head_dim in 16 lanes, in order, then a fixed
 // reduction of the lanes), its softmax over its own positions, and its weighted sum of the values in position
