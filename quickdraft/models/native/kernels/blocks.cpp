@@ -639,22 +639,50 @@ constexpr int64_t kAheadBlocks = 4;  // key blocks between the one read and the 
 
 #ifdef QUICKDRAFT_AVX2
 
+// The float operations of `exp_nonpositive` on 8 lanes and, in AVX-512 builds, on 16: each lane takes the same
+// instruction whatever the width, so the same bits.
+template <typename V>
+V vsplat(float v);
+template <>
+inline __m256 vsplat<__m256>(float v) { return _mm256_set1_ps(v); }
+inline __m256 vmax(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+inline __m256 vmul(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+inline __m256 vadd(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+inline __m256 vfmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+inline __m256 vfnmadd(__m256 a, __m256 b, __m256 c) { return _mm256_fnmadd_ps(a, b, c); }
+inline __m256 vround(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m256 vpow2(__m256 n) {  // 2^n for integers n in -126..127, held as floats
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+#ifdef __AVX512F__
+template <>
+inline __m512 vsplat<__m512>(float v) { return _mm512_set1_ps(v); }
+inline __m512 vmax(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+inline __m512 vmul(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+inline __m512 vadd(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+inline __m512 vfmadd(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+inline __m512 vfnmadd(__m512 a, __m512 b, __m512 c) { return _mm512_fnmadd_ps(a, b, c); }
+inline __m512 vround(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m512 vpow2(__m512 n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+#endif
+
 // e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p of degree 6.
-inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+template <typename V>
+V exp_nonpositive(V x) {
+  x = vmax(x, vsplat<V>(-87.0f));
+  const V n = vround(vmul(x, vsplat<V>(1.44269504088896341f)));
+  V r = vfnmadd(n, vsplat<V>(0.693359375f), x);
+  r = vfnmadd(n, vsplat<V>(-2.12194440e-4f), r);
+  V p = vsplat<V>(1.9875691500e-4f);
+  p = vfmadd(p, r, vsplat<V>(1.3981999507e-3f));
+  p = vfmadd(p, r, vsplat<V>(8.3334519073e-3f));
+  p = vfmadd(p, r, vsplat<V>(4.1665795894e-2f));
+  p = vfmadd(p, r, vsplat<V>(1.6666665459e-1f));
+  p = vfmadd(p, r, vsplat<V>(5.0000001201e-1f));
+  p = vfmadd(p, vmul(r, r), vadd(r, vsplat<V>(1.0f)));
+  return vmul(p, vpow2(n));
 }
 
 // rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count; asks the
@@ -744,7 +772,16 @@ inline float softmax_numerators(float* scores, int64_t length) {
   float top = _mm_cvtss_f32(_mm_max_ss(pairs, _mm_movehdup_ps(pairs)));
   for (; t < length; ++t) top = std::max(top, scores[t]);
   __m256 total8 = _mm256_setzero_ps();
-  for (t = 0; t + 8 <= length; t += 8) {
+  t = 0;
+#ifdef __AVX512F__
+  for (; t + 16 <= length; t += 16) {  // 16 at a time, added into the 8 lanes in position order as below
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
+    _mm512_storeu_ps(scores + t, e);
+    total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(e));
+    total8 = _mm256_add_ps(total8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+#endif
+  for (; t + 8 <= length; t += 8) {
     const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), _mm256_set1_ps(top)));
     _mm256_storeu_ps(scores + t, e);
     total8 = _mm256_add_ps(total8, e);
@@ -1479,14 +1516,24 @@ void silu_rows(const at::Tensor& gate_up, at::Tensor& result) {
       int64_t i = 0;
 #ifdef QUICKDRAFT_AVX2
       const __m256 one = _mm256_set1_ps(1.0f);
-      const __m256 sign = _mm256_set1_ps(-0.0f);
-      for (; i + 8 <= width; i += 8) {  // silu(g) = g / (1 + e^-g), through e^-|g| so the exp never overflows
-        const __m256 g = load8(gate + i);
-        const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // e^-|g|
+      // silu(g) = g / (1 + e^-g), through e = e^-|g| so the exp never overflows; outputs i..i+7
+      const auto store_silu = [&](int64_t i, __m256 g, __m256 e) {
         const __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
         const __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
         const __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);  // by g's sign bit
         store8(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), load8(up + i)));
+      };
+#ifdef __AVX512F__
+      for (; i + 16 <= width; i += 16) {  // the exponentials 16 at a time: the same bits per lane
+        const __m512 g = load16(gate + i);
+        const __m512 e = exp_nonpositive(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN))));
+        store_silu(i, _mm512_castps512_ps256(g), _mm512_castps512_ps256(e));
+        store_silu(i + 8, high_half(g), high_half(e));
+      }
+#endif
+      for (; i + 8 <= width; i += 8) {
+        const __m256 g = load8(gate + i);
+        store_silu(i, g, exp_nonpositive(_mm256_or_ps(g, _mm256_set1_ps(-0.0f))));
       }
 #endif
       for (; i < width; ++i) {
