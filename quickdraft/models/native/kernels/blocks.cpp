@@ -696,6 +696,12 @@ V exp_nonpositive(V x) {
   return vmul(p, vpow2(n));
 }
 
+// One cached row of head_dim values (a multiple of 8) -> to [head_dim] float32.
+template <typename T>
+void widen_row(const T* from, int64_t head_dim, float* to) {
+  for (int64_t i = 0; i < head_dim; i += 8) _mm256_storeu_ps(to + i, load8(from + i));
+}
+
 // rows 0..count-1 of `from` (`stride` apart) -> to [kKeyBlock, head_dim] float32, zero rows past count; asks the
 // cache for the rows kAheadBlocks blocks further on, of the `later` rows from `from` on that the work item reads (a
 // work item reads the cache once, from memory at long contexts).
@@ -705,8 +711,10 @@ void widen_block(const T* from, int64_t stride, int64_t count, int64_t later, in
     prefetch_lines(from + j * stride, head_dim * static_cast<int64_t>(sizeof(T)));
   }
   for (int64_t j = 0; j < kKeyBlock; ++j) {
-    for (int64_t i = 0; i < head_dim; i += 8) {
-      _mm256_storeu_ps(to + j * head_dim + i, j < count ? load8(from + j * stride + i) : _mm256_setzero_ps());
+    if (j < count) {
+      widen_row(from + j * stride, head_dim, to + j * head_dim);
+    } else {
+      std::fill(to + j * head_dim, to + (j + 1) * head_dim, 0.0f);
     }
   }
 }
@@ -789,7 +797,7 @@ inline float softmax_numerators(float* scores, int64_t length) {
     const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + t), _mm512_set1_ps(top)));
     _mm512_storeu_ps(scores + t, e);
     total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(e));
-    total8 = _mm256_add_ps(total8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    total8 = _mm256_add_ps(total8, high_half(e));
   }
 #endif
   for (; t + 8 <= length; t += 8) {
@@ -1187,11 +1195,9 @@ void weigh_many(const float* scores, int64_t span, int64_t low, int64_t high, co
     for (int64_t u = 0; u < n; ++u) {
       const T* row = values + (t + u) * stride;
       if (t + u + n < high) prefetch_lines(row + n * stride, head_dim * static_cast<int64_t>(sizeof(T)));
-      int64_t i = 0;
-      for (; i + 16 <= head_dim; i += 16) _mm512_storeu_ps(wide + u * head_dim + i, load16(row + i));
-      if (i < head_dim) _mm256_storeu_ps(wide + u * head_dim + i, load8(row + i));
+      widen_row(row, head_dim, wide + u * head_dim);
     }
-    weigh_positions(scores, span, low, begin, end, count, static_cast<const float*>(wide), t, n, head_dim, head_dim, out);
+    weigh_positions<float>(scores, span, low, begin, end, count, wide, t, n, head_dim, head_dim, out);
   }
 }
 
