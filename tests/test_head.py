@@ -19,7 +19,7 @@ from quickdraft.drafters.head import drafter as head_drafters
 from quickdraft.drafters.head.drafter import HeadDrafter
 from quickdraft.drafters.head.files import build_head, export, load_head, save_head
 from quickdraft.drafters.head.identity import target_identity
-from quickdraft.drafters.head.inference import InferenceHead, inference_form
+from quickdraft.drafters.head.inference import InferenceHead, four_bit_linear, inference_form
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig, default_aux_layers
 from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
@@ -29,8 +29,8 @@ PROMPTS = ["The quick brown fox", "café 東京"]
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 
 
-def random_head(target, vocab_ids=None, seed=0, int8=False):
-    """A random head in float32 or in its inference form (int8 group matrices, the layer in C++: what the `head`
+def random_head(target, vocab_ids=None, seed=0, inference=False):
+    """A random head in float32 or in its inference form (4-bit group matrices, the layer in C++: what the `head`
     drafter loads on CPU)."""
     torch.manual_seed(seed)
     vocab_ids = torch.arange(target.info.vocab_size) if vocab_ids is None else vocab_ids
@@ -38,7 +38,7 @@ def random_head(target, vocab_ids=None, seed=0, int8=False):
     head = build_head(config, target, vocab_ids)
     for parameter in head.parameters():  # large weights: drafts far from uniform, so tests see accepts and rejects
         torch.nn.init.normal_(parameter, std=0.3) if parameter.dim() > 1 else None
-    return inference_form(head) if int8 else head.eval()
+    return inference_form(head) if inference else head.eval()
 
 
 def head_engine(target, head, k):
@@ -101,17 +101,41 @@ def test_the_head_reads_the_target_states_eagle3_fuses_and_its_first_layer_is_ea
     }
 
 
+def test_four_bit_groups_hold_each_weight_within_half_a_step_and_each_groups_extremes_exactly():
+    """The head's 4-bit quantizer (GGUF's Q4_1 from a group's extremes): every weight within half a step of its
+    group's grid, the group's smallest weight exact, its largest within float rounding; the kernel's product is the
+    product of exactly those weights (activations in int8 per 32 aside)."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 96) * torch.rand(64, 1)  # rows of different ranges
+    linear = four_bit_linear(weight)
+    assert linear.form == "int4"
+    snapped = linear.dense()  # [64, 96]
+    groups, snapped_groups = weight.view(64, 3, 32), snapped.view(64, 3, 32)
+    steps = (groups.amax(-1) - groups.amin(-1)) / 15  # [64, 3]
+    assert ((snapped_groups - groups).abs() <= steps[..., None] / 2 + 1e-6).all()
+    assert torch.equal(snapped_groups.amin(-1), groups.amin(-1))
+    assert torch.allclose(snapped_groups.amax(-1), groups.amax(-1), atol=1e-6)
+    x = torch.randn(5, 96)
+    assert torch.allclose(linear(x), x @ snapped.T, rtol=0.05, atol=0.05 * float((x @ snapped.T).abs().mean()))
+
+
 @pytest.mark.parametrize("norm_before_residual", [False, True])
 def test_inference_form_drafts_like_the_float_head_and_feeds_pairs_one_by_one_or_together(
     tiny_models, norm_before_residual
 ):
-    """The inference form (int8 group matrices, the layer in C++) computes the float module's function: its logits
-    move by a few percent, rarely the drafts. Pairs fed in one call equal the same pairs fed one by one, bit for bit,
-    past the cache's first growth (each pair attends over exactly the cache up to its own position)."""
+    """The inference form (4-bit group matrices, the layer in C++) computes the float module's function on the same
+    4-bit weights: its logits move by a few percent (int8 activations), rarely the drafts. Pairs fed in one call
+    equal the same pairs fed one by one, bit for bit, past the cache's first growth (each pair attends over exactly
+    the cache up to its own position)."""
     target = tiny_models["llama"]
     float_head = random_head(target)
     float_head.layer.norm_before_residual = norm_before_residual
     fast = InferenceHead(float_head)
+    attention, mlp = float_head.layer.self_attn, float_head.layer.mlp
+    matrices = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj)
+    with torch.no_grad():
+        for module in (float_head.fc, *matrices, mlp.down_proj, float_head.lm_head):  # the weights fast computes with
+            module.weight.copy_(four_bit_linear(module.weight).dense())
     length = 300  # the head cache starts with room for 256 positions
     aux = torch.randn(length, 3 * float_head.config.target_hidden_size)  # [T, 3d]
     tokens = torch.randint(0, target.info.vocab_size, (length,))  # [T]
@@ -120,7 +144,7 @@ def test_inference_form_drafts_like_the_float_head_and_feeds_pairs_one_by_one_or
     stream = fast.fuse(aux)  # [T, d]
     together = fast.step(stream, tokens, HeadCache())  # [T, d]
     actual = fast.draft_logits(together)
-    assert (actual - expected).norm() < 0.1 * expected.norm()  # int8 per 32 moves them 4-6% here, a wrong step ~100%
+    assert (actual - expected).norm() < 0.1 * expected.norm()  # int8 activations move them ~4% here, a wrong step ~100%
     assert (actual.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
     cache = HeadCache()
     alone = torch.cat([fast.step(stream[t : t + 1], tokens[t : t + 1], cache) for t in range(length)])
@@ -130,11 +154,11 @@ def test_inference_form_drafts_like_the_float_head_and_feeds_pairs_one_by_one_or
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 @pytest.mark.parametrize("k", [1, 5])
-@pytest.mark.parametrize("int8", [False, True])
-def test_greedy_output_identical_with_head_drafter(tiny_models, arch, k, int8):
+@pytest.mark.parametrize("inference", [False, True])
+def test_greedy_output_identical_with_head_drafter(tiny_models, arch, k, inference):
     target = tiny_models[arch]
     vocab_ids = torch.arange(0, target.info.vocab_size, 2)  # half the vocabulary: some drafts impossible
-    engine = head_engine(target, random_head(target, vocab_ids, int8=int8), k)
+    engine = head_engine(target, random_head(target, vocab_ids, inference=inference), k)
     baseline = Engine(target, SpecConfig(drafter="none"))
     for prompt in PROMPTS:
         expected = baseline.generate(prompt, GREEDY)
@@ -242,12 +266,12 @@ def test_rejection_sampling_with_reduced_vocabulary_follows_the_target():
     )
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_models, int8):
+@pytest.mark.parametrize("inference", [False, True])
+def test_head_drafter_with_sampling_and_the_verifier_follow_the_target(tiny_models, inference):
     """End to end at one position: head proposals (reduced vocabulary, sampled) + rejection sampling ~ target."""
     target = tiny_models["llama"]
     vocab_ids = torch.arange(0, target.info.vocab_size, 2)
-    drafter = HeadDrafter(random_head(target, vocab_ids, int8=int8), target.info.vocab_size, "h")
+    drafter = HeadDrafter(random_head(target, vocab_ids, inference=inference), target.info.vocab_size, "h")
     params = SamplingParams(temperature=0.7, top_k=12)
     prompt = Engine(target).encode("Once upon a time")
     logits, hidden = target_states(target, prompt, drafter.head)

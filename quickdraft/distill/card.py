@@ -82,7 +82,7 @@ def render(facts: Facts) -> str:
         f"| {engine['alpha']:.3f} / {_numbers(engine['accepted_per_step_by_position'])} |",
         f"| engine: speedup over the target alone (same process) "
         f"| {engine['speedup']:.2f}x, outputs identical: {engine['identical']} |",
-        f"| c: head step (int8 group form) / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",
+        f"| c: head step (4-bit group form) / one-token target forward (medians) | {engine['cost_ratio']:.3f} |",
         "",
         "## Data",
         "",

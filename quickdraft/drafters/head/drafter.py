@@ -7,7 +7,7 @@ committed tokens, the head's cache holds the pairs (fc(a_t), x_{t+1}) computed f
 pending one, then drafts k tokens on its own outputs. Draft entries in the head's cache are rolled
 back before the next step re-feeds true states.
 
-The head drafts in its inference form (`inference.py`: int8 group matrices, the layer in C++) on CPU.
+The head drafts in its inference form (`inference.py`: 4-bit group matrices, the layer in C++) on CPU.
 
 Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
 the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row

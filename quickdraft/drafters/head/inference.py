@@ -1,17 +1,18 @@
-"""The head's inference form on a CPU: every matrix int8 in groups of 32 weights with a float32 scale each, on
-quickdraft's own 8-bit group kernel (`kernels.eight_bit_matmul`, the one the native runtime runs a GGUF's Q8_0
-matrices on), and the decoder layer and output in C++ (`kernels.new_head_layer`: a drafting step in two calls).
+"""The head's inference form on a CPU: every matrix in 4-bit groups of 32 weights, each with a float32 scale and
+offset (GGUF's Q4_1, quantized here from the head's float weights), on quickdraft's own 4-bit block kernel
+(`kernels.four_bit_matmul`, the one the native runtime runs a GGUF's 4-bit matrices on), and the decoder layer and
+output in C++ (`kernels.new_head_layer`: a drafting step in two calls).
 
 Drafting one token reads every weight of the head once: the reduced-vocabulary output rows
-(draft_vocab x d) dominate, then the layer's projections (and fc, once per committed position). In
-float32 that traffic made a head step a large fraction of the target's one-token forward; int8 groups read a
-quarter of the bytes, and the group kernel takes the float32 activations as they are (int8 activations per group
-of 32, as for the target's blocks). At smollm2's head shapes its products take half the time torch's per-row int8
-kernel took (`docs/native_runtime.md`). The module's step ran some sixty small torch operators around them, whose
-dispatch cost more than the products; the C++ layer runs the same arithmetic (the norms, rotary embedding and
-attention in float32, q, k and v in one product, gate and up in another) without it. A head's card reports the
-measured ratio c (`quickdraft.distill.evaluation.cost_ratio`). A matrix whose width is not a multiple of 32 stays
-float32.
+(draft_vocab x d) dominate, then the layer's projections (and fc, once per committed position). The step is
+bound by that traffic, so its cost against the target's one-token forward, c, follows the bytes: int8 groups
+(the form before this one) made c 0.11-0.14 on smollm2's head, 4-bit groups read 0.6x their bytes and make it
+about 0.1 (`docs/native_runtime.md`, stop 48), while the head's drafts barely move. The group kernel takes the
+float32 activations as they are (int8 activations per group of 32, as for the target's blocks). The C++ layer runs
+the arithmetic around the products (the norms, rotary embedding and attention in float32, q, k and v in one
+product, gate and up in another) without the dispatch cost of some sixty small torch operators. A head's card
+reports the measured ratio c (`quickdraft.distill.evaluation.cost_ratio`). A matrix whose width is not a multiple
+of 32 stays float32.
 
 Exactness does not depend on this: the verifier checks every draft token against the target, and
 sampled drafts carry the distribution they were drawn from. Precision only moves acceptance,
@@ -21,21 +22,24 @@ which `tests/test_head.py` compares between the two forms.
 import torch
 
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
-from quickdraft.models.native.gguf_blocks import GROUP, EightBitBlocks
+from quickdraft.models.native.gguf_blocks import GROUP, FourBitBlocks
 from quickdraft.models.native.kernels import new_head_layer
 from quickdraft.models.native.runner import MATRIX_FORMS
 from quickdraft.models.native.weights import Linear
 
 
-def group_linear(weight: torch.Tensor) -> Linear:
-    """W [out, in] -> int8 in groups of 32 weights of a row, a float32 scale each (float32 where in % 32 != 0)."""
+def four_bit_linear(weight: torch.Tensor) -> Linear:
+    """W [out, in] -> 4-bit groups of 32 weights of a row, w = q * scale + min with q in 0..15 (GGUF's Q4_1: min
+    and scale from each group's extremes), on quickdraft's 4-bit block kernel (float32 where in % 32 != 0)."""
     w = weight.detach().float()
     if w.shape[1] % GROUP:
         return Linear(w, None, int8=False)
     groups = w.view(w.shape[0], -1, GROUP)  # [out, in // 32, 32]
-    scales = groups.abs().amax(dim=-1) / 127.0  # [out, in // 32]
-    values = torch.round(groups / scales.clamp(min=1e-30)[..., None]).clamp(-127, 127).to(torch.int8)
-    return Linear(w, None, int8=False, blocks=EightBitBlocks(values.view(w.shape), scales))
+    mins = groups.amin(dim=-1)  # [out, in // 32]
+    scales = (groups.amax(dim=-1) - mins) / 15.0  # [out, in // 32]
+    q = torch.round((groups - mins[..., None]) / scales.clamp(min=1e-30)[..., None]).clamp(0, 15).to(torch.uint8)
+    nibbles = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)  # [out, in // 32, 16]: weight j low, j + 16 high
+    return Linear(w, None, int8=False, blocks=FourBitBlocks(nibbles.reshape(w.shape[0], -1), scales, mins))
 
 
 class InferenceHead:
@@ -48,7 +52,7 @@ class InferenceHead:
         self.config: HeadConfig = config
         self.vocab_ids = head.vocab_ids  # [draft_vocab] target id of each draft logit
         self.embeddings = head.embeddings  # [target_vocab, d] the target's
-        self._fc = group_linear(head.fc.weight)
+        self._fc = four_bit_linear(head.fc.weight)
         norms = (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm, head.norm)
         self._layer = new_head_layer(
             config.num_heads,
@@ -66,7 +70,7 @@ class InferenceHead:
             head.lm_head.weight,
         )
         for weight in matrices:
-            linear = group_linear(weight)
+            linear = four_bit_linear(weight)
             self._layer.add_matrix(MATRIX_FORMS[linear.form], linear.weight, linear.out_features, linear.scales)
         self._inv_freq = attention.rotary.inv_freq  # [hd / 2]
         self._cos = self._sin_signed = torch.zeros(0, 1, config.head_dim)  # [capacity, 1, hd], grown on demand
