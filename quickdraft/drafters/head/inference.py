@@ -6,8 +6,8 @@ output in C++ (`kernels.new_head_layer`: a drafting step in two calls).
 Drafting one token reads every weight of the head once: the reduced-vocabulary output rows
 (draft_vocab x d) dominate, then the layer's projections (and fc, once per committed position). The step is
 bound by that traffic, so its cost against the target's one-token forward, c, follows the bytes: int8 groups
-(the form before this one) made c 0.11-0.14 on smollm2's head, 4-bit groups read 0.6x their bytes and make it
-about 0.1 (`docs/native_runtime.md`, stop 48), while the head's drafts barely move. The group kernel takes the
+(the form before this one) made c 0.11-0.13 on smollm2's head, 4-bit groups read 0.6x their bytes and make it
+about 0.1 (BENCHMARKS.md, "The head in 4-bit groups"), while the head's drafts barely move. The group kernel takes the
 float32 activations as they are (int8 activations per group of 32, as for the target's blocks). The C++ layer runs
 the arithmetic around the products (the norms, rotary embedding and attention in float32, q, k and v in one
 product, gate and up in another) without the dispatch cost of some sixty small torch operators. A head's card
