@@ -14,6 +14,7 @@ from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.controller import ControllerMemory
 from quickdraft.costs import DraftCost, TargetCost
+from quickdraft.distill.evaluation import cost_ratio
 from quickdraft.drafters.base import DrafterLoadOptions
 from quickdraft.drafters.head import drafter as head_drafters
 from quickdraft.drafters.head.drafter import HeadDrafter
@@ -458,3 +459,13 @@ def test_generate_drafts_with_ngram_and_the_shipped_head_when_asked(builtin_mode
     report = json.loads(out.stdout)
     assert (report["drafter"], report["k"]) == ("ngram,head", "auto")
     assert report["identical"] is True
+
+
+def test_cost_ratio_times_drafts_of_any_length_as_the_drafter_feeds_them(tiny_models):
+    """c per drafted token, for one-token drafts (the cards' c) and four-token ones: positive and finite (a draft
+    of four steps its own outputs through the head's cache, which must hold them)."""
+    target = tiny_models["llama"]
+    head = random_head(target, inference=True)
+    for length in (1, 4):
+        c = cost_ratio(target, head, length)
+        assert 0 < c < float("inf")

@@ -4,7 +4,8 @@
 with the target alone, interleaved in the same process (`measure.interleave`): acceptance (alpha),
 tau (tokens per target forward), acceptance by position, speedup, and whether every output is
 identical. `cost_ratio` is c: the median time of one head drafting step (one pair through the head
-plus its reduced output layer) over the median time of a one-token target forward, measured interleaved.
+plus its reduced output layer) over the median time of a one-token target forward, measured interleaved; with a
+draft length k, per token of a k-token draft.
 """
 
 import statistics
@@ -77,8 +78,12 @@ def engine_metrics(target: LoadedModel, head_dir: Path, prompts: list[str], max_
 
 
 @torch.inference_mode()
-def cost_ratio(target: LoadedModel, head: DraftHead | InferenceHead) -> float:
-    """c: median head drafting step time / median one-token target forward time (interleaved)."""
+def cost_ratio(target: LoadedModel, head: DraftHead | InferenceHead, draft_length: int = 1) -> float:
+    """c: median time per token of a head drafting `draft_length` tokens in a row (each step fed the last one's
+    output and greedy token, as the drafter feeds it) / median time of a one-token target forward, interleaved. Every
+    draft starts after a target forward, as in the engine, which evicts much of the head's weights from the
+    caches: the first step is the dearest, so c at draft_length 1 (the cards' c) bounds the cost per drafted token
+    of longer drafts from above."""
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
     _, hidden = runner.prefill(context, hidden_layers=head.config.aux_layers)  # [COST_CONTEXT, 3 * d]
@@ -88,9 +93,12 @@ def cost_ratio(target: LoadedModel, head: DraftHead | InferenceHead) -> float:
     head_times, target_times = [], []
     for _ in range(COST_REPEATS):
         started = time.perf_counter()
-        int(head.draft_logits(head.step(state, token, cache)[-1]).argmax())
-        head_times.append(time.perf_counter() - started)
-        cache.length -= 1
+        stream, next_token = state, token  # [1, d], [1]
+        for _ in range(draft_length):
+            out = head.step(stream, next_token, cache)[-1]  # [d]
+            stream, next_token = out[None], head.vocab_ids[int(head.draft_logits(out).argmax())][None]
+        head_times.append((time.perf_counter() - started) / draft_length)
+        cache.length -= draft_length
         started = time.perf_counter()
         runner.forward(context[:1])
         target_times.append(time.perf_counter() - started)
