@@ -20,6 +20,7 @@ from quickdraft.drafters.head.files import build_head
 from quickdraft.drafters.head.inference import InferenceHead
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
 from quickdraft.engine import Engine
+from quickdraft.errors import UsageError
 from quickdraft.measure import interleave, measure
 from quickdraft.models.loading import LoadedModel
 from quickdraft.stats import acceptance_rate, tau
@@ -84,6 +85,8 @@ def cost_ratio(target: LoadedModel, head: DraftHead | InferenceHead, draft_lengt
     draft starts after a target forward, as in the engine, which evicts much of the head's weights from the
     caches: the first step is the dearest, so c at draft_length 1 (the cards' c) bounds the cost per drafted token
     of longer drafts from above."""
+    if draft_length < 1:
+        raise UsageError(f"a draft length of {draft_length}: give 1 or more tokens")
     runner = target.runner
     context = [int(t) for t in head.vocab_ids[:COST_CONTEXT].tolist()]
     _, hidden = runner.prefill(context, hidden_layers=head.config.aux_layers)  # [COST_CONTEXT, 3 * d]

@@ -1,4 +1,4 @@
-"""The head's inference form on a CPU: every matrix in 4-bit groups of 32 weights, each with a float32 scale and
+"""The head's inference form on a CPU: every matrix in 4-bit groups of 32 weights, each with a float16 scale and
 offset (GGUF's Q4_1, quantized here from the head's float weights), on quickdraft's own 4-bit block kernel
 (`kernels.four_bit_matmul`, the one the native runtime runs a GGUF's 4-bit matrices on), and the decoder layer and
 output in C++ (`kernels.new_head_layer`: a drafting step in two calls).
@@ -6,8 +6,8 @@ output in C++ (`kernels.new_head_layer`: a drafting step in two calls).
 Drafting one token reads every weight of the head once: the reduced-vocabulary output rows
 (draft_vocab x d) dominate, then the layer's projections (and fc, once per committed position). The step is
 bound by that traffic, so its cost against the target's one-token forward, c, follows the bytes: int8 groups
-(the form before this one) made c 0.11-0.13 on smollm2's head, 4-bit groups read 0.6x their bytes and make it
-about 0.1 (BENCHMARKS.md, "The head in 4-bit groups"), while the head's drafts barely move. The group kernel takes the
+(the form before this one) made c 0.11-0.13 on smollm2's head; 4-bit groups read 0.56x their bytes and make it
+about 0.1 (BENCHMARKS.md, "The head in 4-bit groups"), while the head's drafts barely move. The kernel takes the
 float32 activations as they are (int8 activations per group of 32, as for the target's blocks). The C++ layer runs
 the arithmetic around the products (the norms, rotary embedding and attention in float32, q, k and v in one
 product, gate and up in another) without the dispatch cost of some sixty small torch operators. A head's card
@@ -29,17 +29,25 @@ from quickdraft.models.native.weights import Linear
 
 
 def four_bit_linear(weight: torch.Tensor) -> Linear:
-    """W [out, in] -> 4-bit groups of 32 weights of a row, w = q * scale + min with q in 0..15 (GGUF's Q4_1: min
-    and scale from each group's extremes), on quickdraft's 4-bit block kernel (float32 where in % 32 != 0)."""
+    """W [out, in] -> 4-bit groups of 32 weights of a row, w = q * scale + min with q in 0..15 and scale and min
+    float16 (GGUF's Q4_1: the min rounded down and the scale up, so the 16 steps still span the group), on
+    quickdraft's 4-bit block kernel (float32 where in % 32 != 0)."""
     w = weight.detach().float()
     if w.shape[1] % GROUP:
         return Linear(w, None, int8=False)
     groups = w.view(w.shape[0], -1, GROUP)  # [out, in // 32, 32]
-    mins = groups.amin(dim=-1)  # [out, in // 32]
-    scales = (groups.amax(dim=-1) - mins) / 15.0  # [out, in // 32]
+    mins = _half_toward(groups.amin(dim=-1), float("-inf"))  # [out, in // 32]
+    scales = _half_toward((groups.amax(dim=-1) - mins) / 15.0, float("inf"))  # [out, in // 32]
     q = torch.round((groups - mins[..., None]) / scales.clamp(min=1e-30)[..., None]).clamp(0, 15).to(torch.uint8)
     nibbles = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)  # [out, in // 32, 16]: weight j low, j + 16 high
     return Linear(w, None, int8=False, blocks=FourBitBlocks(nibbles.reshape(w.shape[0], -1), scales, mins))
+
+
+def _half_toward(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """x rounded to a float16 value, moved one step toward `limit` where rounding went the other way (as float32)."""
+    half = x.half()
+    wrong_side = half.float() < x if limit > 0 else half.float() > x
+    return torch.where(wrong_side, torch.nextafter(half, torch.full_like(half, limit)), half).float()
 
 
 class InferenceHead:
