@@ -22,7 +22,7 @@ which `tests/test_head.py` compares between the two forms.
 import torch
 
 from quickdraft.drafters.head.model import DraftHead, HeadCache, HeadConfig
-from quickdraft.models.native.gguf_blocks import GROUP, FourBitBlocks
+from quickdraft.models.native.gguf_blocks import GROUP, FourBitBlocks, group_nibbles
 from quickdraft.models.native.kernels import new_head_layer
 from quickdraft.models.native.runner import MATRIX_FORMS
 from quickdraft.models.native.weights import Linear
@@ -39,8 +39,8 @@ def four_bit_linear(weight: torch.Tensor) -> Linear:
     mins = _half_toward(groups.amin(dim=-1), float("-inf"))  # [out, in // 32]
     scales = _half_toward((groups.amax(dim=-1) - mins) / 15.0, float("inf"))  # [out, in // 32]
     q = torch.round((groups - mins[..., None]) / scales.clamp(min=1e-30)[..., None]).clamp(0, 15).to(torch.uint8)
-    nibbles = q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)  # [out, in // 32, 16]: weight j low, j + 16 high
-    return Linear(w, None, int8=False, blocks=FourBitBlocks(nibbles.reshape(w.shape[0], -1), scales, mins))
+    nibbles = group_nibbles(q).reshape(w.shape[0], -1)  # [out, in // 2]
+    return Linear(w, None, int8=False, blocks=FourBitBlocks(nibbles, scales, mins))
 
 
 def _half_toward(x: torch.Tensor, limit: float) -> torch.Tensor:

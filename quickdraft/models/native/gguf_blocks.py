@@ -101,6 +101,12 @@ class EightBitBlocks:
 Blocks = FourBitBlocks | EightBitBlocks
 
 
+def group_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """q [..., 32] uint8 in 0..15, one group's weights in order -> [..., 16] in `FourBitBlocks`' group layout (byte
+    j: weight j low, j + 16 high); `FourBitBlocks.integers` reads it back."""
+    return q[..., : GROUP // 2] | (q[..., GROUP // 2 :] << 4)
+
+
 def unpack(data: np.ndarray, kind: str, shape: tuple[int, int]) -> Blocks:
     """A GGUF tensor's raw bytes (any shape, rows of whole blocks) of format `kind` as [out, in] blocks."""
     out, width = shape
@@ -180,8 +186,7 @@ def _q4_k(blocks: torch.Tensor):
     mn = torch.cat((high & 63, (extra >> 4) | ((high >> 6) << 4)), dim=1)
     quants = blocks[:, 16:].reshape(-1, 4, 32)  # [blocks, 4 pairs of groups, 32 bytes]: group 2i low, 2i + 1 high
     groups = torch.stack((quants & 0x0F, quants >> 4), dim=2).reshape(-1, 8, 32)  # [blocks, 8 groups, 32] q values
-    nibbles = (groups[..., :16] | (groups[..., 16:] << 4)).reshape(-1, 128)  # the group layout, 16 bytes a group
-    return nibbles, d * sc.float(), -(dmin * mn.float())
+    return group_nibbles(groups).reshape(-1, 128), d * sc.float(), -(dmin * mn.float())
 
 
 class GgufFile:
