@@ -1,7 +1,8 @@
 """Median milliseconds of whole native forwards (the C++ decoder) for several batch shapes, after a given context:
 one sequence feeding 1..N tokens (a decode row, verifications), and S sequences feeding one token each (a batched
-decode step), and prompt chunks of several lengths (logits of the last row only). No profiler: the numbers to compare
-two checkouts by, run alternately.
+decode step), and prompt chunks of several lengths (logits of the last row only). The shapes take turns step by step,
+so a slow stretch of a shared machine slows every shape alike and their ratios (v(k) = t(1 x k) / t(1 x 1)) hold. No
+profiler: the numbers to compare two checkouts by, run alternately.
 
     python scripts/forward_times.py --threads 2
     PYTHONPATH=/tmp/old TORCH_EXTENSIONS_DIR=/tmp/ext-old python scripts/forward_times.py  # another checkout
@@ -39,19 +40,23 @@ def main() -> None:
     context = tuple(100 + i % 1000 for i in range(args.context))
     for slot in slots:
         runner.forward_batch([SequenceStep(slot, context, "none")])
-    results = []
-    for sequences, tokens, logits in shapes:
-        steps = [SequenceStep(slot, (7,) * tokens, logits) for slot in slots[:sequences]]
-        walls = []
-        for i in range(5 + args.steps):  # 5 untimed
+    plans = [
+        [SequenceStep(slot, (7,) * tokens, logits) for slot in slots[:sequences]]
+        for sequences, tokens, logits in shapes
+    ]
+    walls = [[] for _ in shapes]
+    for i in range(5 + args.steps):  # 5 untimed; the shapes take turns, so a slow stretch of the machine hits all
+        for plan, shape_walls in zip(plans, walls):
             started = time.perf_counter()
-            runner.forward_batch(steps)
+            runner.forward_batch(plan)
             if i >= 5:
-                walls.append(time.perf_counter() - started)
-            for slot in slots[:sequences]:
-                runner.rollback_slot(slot, len(context))
+                shape_walls.append(time.perf_counter() - started)
+            for step in plan:
+                runner.rollback_slot(step.slot, len(context))
+    results = []
+    for (sequences, tokens, logits), shape_walls in zip(shapes, walls):
         kind = "x" if logits == "all" else "x prompt "
-        results.append(f"{sequences}{kind}{tokens} {statistics.median(walls) * 1e3:.2f}")
+        results.append(f"{sequences}{kind}{tokens} {statistics.median(shape_walls) * 1e3:.2f}")
     print(f"{args.model} {args.dtype}, {args.threads} threads, {args.context} cached tokens; sequences x tokens, ms:")
     print(" | ".join(results))
 

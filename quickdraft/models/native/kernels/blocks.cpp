@@ -369,6 +369,32 @@ inline __m512 pair_values(const uint8_t* first, const uint8_t* second, c10::Half
   const __m128i high = _mm_loadu_si128(reinterpret_cast<const __m128i*>(second));
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1));
 }
+// A pair reads panels t and t + 1 side by side, group by group, and the thread's next item is panels t + 2 and t + 3:
+// `Ahead` walks the group kPrefetch bytes ahead of the one being read in that order of reading, in both streams.
+// (Asking for first + kPrefetch and second + kPrefetch instead left each item's second panel unasked for: the first
+// stream's look-ahead ran into the second panel, the second's into the next item's first.)
+class Ahead {
+ public:
+  Ahead(const uint8_t* first, int64_t panel_bytes)
+      : at_(first + kPrefetch / panel_bytes * 2 * panel_bytes + kPrefetch % panel_bytes),
+        within_(kPrefetch % panel_bytes), panel_bytes_(panel_bytes) {}
+  void ask_and_step(int64_t group_bytes) {  // the cache lines of this group in both streams; then the next group
+    prefetch_lines(at_, group_bytes);
+    prefetch_lines(at_ + panel_bytes_, group_bytes);
+    at_ += group_bytes;
+    within_ += group_bytes;
+    if (within_ >= panel_bytes_) {  // into the next item's panels, two panels on
+      within_ -= panel_bytes_;
+      at_ += panel_bytes_;
+    }
+  }
+
+ private:
+  const uint8_t* at_;  // in the first stream
+  int64_t within_;     // at_'s offset inside its panel
+  int64_t panel_bytes_;
+};
+
 inline __m512i broadcast4(const int8_t* q) {  // a row's 4 activations in every 32-bit lane
   int32_t four;
   std::memcpy(&four, q, sizeof four);
@@ -380,13 +406,13 @@ template <int R>
 void FourBitPanels<Scale>::pair(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[2 * kColumns]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const uint8_t* p2 = p + groups * kBytes;  // panel t + 1
+  Ahead ahead(p, groups * kBytes);
   const int64_t width = groups * kGroup;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
-    prefetch_lines(p + kPrefetch, kBytes);
-    prefetch_lines(p2 + kPrefetch, kBytes);
+    ahead.ask_and_step(kBytes);
     __m512i sums[R];
     for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
     for (int64_t v = 0; v < 4; ++v) {
@@ -415,13 +441,13 @@ void EightBitPanels<Scale, kHalves>::pair(const QuantizedRows& x, int64_t row, i
                                           float (*out)[2 * kColumns]) const {
   const uint8_t* p = packed + t * groups * kBytes;
   const uint8_t* p2 = p + groups * kBytes;  // panel t + 1
+  Ahead ahead(p, groups * kBytes);
   const int64_t width = groups * kGroup;
   const __m512i bias = _mm512_set1_epi8(-128);
   __m512 low[R], high[R];
   for (int r = 0; r < R; ++r) low[r] = high[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, p += kBytes, p2 += kBytes) {
-    prefetch_lines(p + kPrefetch, kBytes);
-    prefetch_lines(p2 + kPrefetch, kBytes);
+    ahead.ask_and_step(kBytes);
     __m512i weights[8];  // as unsigned bytes w + 128, like `weight_bytes`
     for (int v = 0; v < 8; ++v) weights[v] = _mm512_xor_si512(load_pair(p + 32 * v, p2 + 32 * v), bias);
     const __m512 low_scales = pair_values(p + kScales, p2 + kScales, Scale());
