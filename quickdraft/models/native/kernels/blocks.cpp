@@ -51,8 +51,8 @@ struct QuantizedRows {
   std::vector<int32_t> half_sums;    // [M, K / 32, 2]: sum(q) over a group's values 0-15, and over 16-31
 };
 
-float to_float(float v) { return v; }
-float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 
 #ifdef QUICKDRAFT_AVX2
 
@@ -208,13 +208,13 @@ struct EightBitPanels {
   void pair(const QuantizedRows& x, int64_t row, int64_t t, float (*out)[2 * kColumns]) const;
 };
 
-float scale_at(const uint8_t* p, float) {
+inline float scale_at(const uint8_t* p, float) {
   float v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-float scale_at(const uint8_t* p, c10::Half) {
+inline float scale_at(const uint8_t* p, c10::Half) {
   c10::Half v;
   std::memcpy(&v, p, sizeof v);
   return static_cast<float>(v);
@@ -552,6 +552,17 @@ constexpr int64_t kPairRows = 5;
 constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
 #endif
 
+// values[0..count-1] into out as static_cast<T> writes them: 8 at a time through `store8` (c10's rounding exactly),
+// the rest one by one. A 128-row prompt block spent 7% of its time converting outputs one by one.
+template <typename T>
+inline void store_row(const float* values, int64_t count, T* out) {
+  int64_t c = 0;
+#ifdef QUICKDRAFT_AVX2
+  for (; c + 8 <= count; c += 8) store8(out + c, load8(values + c));
+#endif
+  for (; c < count; ++c) out[c] = static_cast<T>(values[c]);
+}
+
 // Panel t's columns (P = 1) or panels t and t + 1's (P = 2), every row, Panels::kRows rows a pass, into out.
 template <int P, typename T, typename Panels>
 void panel_rows(const Panels& panels, const QuantizedRows& x, int64_t rows, int64_t outputs, int64_t t, T* out) {
@@ -562,9 +573,7 @@ void panel_rows(const Panels& panels, const QuantizedRows& x, int64_t rows, int6
   for (int64_t row = 0; row < rows; row += step) {
     const int64_t pass = std::min(step, rows - row);
     rows_pass<Panels, P>(panels, x, row, pass, t, values);
-    for (int64_t r = 0; r < pass; ++r) {
-      for (int64_t c = 0; c < count; ++c) out[(row + r) * outputs + first + c] = static_cast<T>(values[r][c]);
-    }
+    for (int64_t r = 0; r < pass; ++r) store_row(values[r], count, out + (row + r) * outputs + first);
   }
 }
 
@@ -1314,6 +1323,18 @@ void attend_item(const float* queries, int64_t count, const int64_t* begin, cons
 
 #endif
 
+// to[i] = float(from[i]) * scale for i < n, 8 at a time where the CPU has vectors (the same products).
+template <typename T>
+inline void scaled_row(const T* from, int64_t n, float scale, float* to) {
+  int64_t i = 0;
+#ifdef QUICKDRAFT_AVX2
+  for (const __m256 factor = _mm256_set1_ps(scale); i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(to + i, _mm256_mul_ps(load8(from + i), factor));
+  }
+#endif
+  for (; i < n; ++i) to[i] = to_float(from[i]) * scale;
+}
+
 // Blocks of consecutive rows of one sequence, at most `kQueryRows` rows each, smaller where that would leave
 // fewer than two work items per thread: (first row, row count).
 std::vector<std::pair<int64_t, int64_t>> query_blocks(const int64_t* sequence, int64_t rows, int64_t kv_heads) {
@@ -1371,7 +1392,7 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
         for (int64_t g = 0; g < width; ++g) {
           const T* q_row = q_all + ((row0 + r) * heads + kv * group + g0 + g) * head_dim;
           float* to = q.data() + (r * width + g) * head_dim;
-          for (int64_t i = 0; i < head_dim; ++i) to[i] = to_float(q_row[i]) * static_cast<float>(scale);
+          scaled_row(q_row, head_dim, static_cast<float>(scale), to);
           q_begin[r * width + g] = begin[row0 + r];
           q_end[r * width + g] = end[row0 + r];
         }
@@ -1383,7 +1404,7 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
         for (int64_t g = 0; g < width; ++g) {
           T* out_row = out_all + (row0 + r) * heads * head_dim + (kv * group + g0 + g) * head_dim;
           const float* from = out.data() + (r * width + g) * head_dim;
-          for (int64_t i = 0; i < head_dim; ++i) out_row[i] = static_cast<T>(from[i]);
+          store_row(from, head_dim, out_row);
         }
       }
     }
