@@ -4,9 +4,10 @@
 # `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
-# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), ROUNDS (1: quickdraft's two sweeps
-# alternate that many times on one server; the combined report then compares them round by round). Run it on an
-# otherwise idle machine.
+# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), ROUNDS (1: quickdraft's two
+# configurations are measured that many times on one server, a level at a time, back to back, and each round's
+# levels merged into one run per configuration (`bench-serve --merge`); the combined report then compares them round
+# by round). Run it on an otherwise idle machine.
 set -euo pipefail
 out=${1:?usage: scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]}
 llama_bin=${2:-}
@@ -32,8 +33,8 @@ wait_healthy() {
   return 1
 }
 
-sweep() {  # label, out dir, extra body
-  "$bin/quickdraft" bench-serve --url "http://127.0.0.1:$port/v1" --prompts "$prompts" --concurrency "$levels" \
+sweep() {  # label, out dir, extra body, levels
+  "$bin/quickdraft" bench-serve --url "http://127.0.0.1:$port/v1" --prompts "$prompts" --concurrency "${4:-$levels}" \
     --max-tokens "$tokens" --label "$1" --out "$out/$2" ${3:+--extra-body "$3"}
 }
 
@@ -42,12 +43,24 @@ sweep() {  # label, out dir, extra body
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 wait_healthy "$port"
-plain() { sweep "quickdraft, no speculation" "quickdraft-plain$suffix" '{"quickdraft": {"drafter": "none"}}'; }
-speculation() { sweep "quickdraft, speculation" "quickdraft-spec$suffix"; }
+no_drafter='{"quickdraft": {"drafter": "none"}}'
+plain() { sweep "quickdraft, no speculation" "levels/plain$suffix-c$1" "$no_drafter" "$1"; }  # level
+speculation() { sweep "quickdraft, speculation" "levels/spec$suffix-c$1" "" "$1"; }
 runs=()  # no speculation first: the combined report's ratios are speculation's against it
+IFS=, read -ra level_list <<< "$levels"
 for round in $(seq 1 "$rounds"); do
   suffix=$([ "$round" = 1 ] && echo "" || echo "-$round")
-  if [ $((round % 2)) = 1 ]; then speculation; plain; else plain; speculation; fi  # alternate which goes first
+  # A level at a time, the two configurations back to back, which goes first alternating level by level and round
+  # by round: a slow stretch of the machine then falls on both, not on one configuration's whole sweep.
+  plain_parts=() spec_parts=()
+  for i in "${!level_list[@]}"; do
+    level=${level_list[$i]}
+    if [ $(((round + i) % 2)) = 1 ]; then speculation "$level"; plain "$level"; else plain "$level"; speculation "$level"; fi
+    plain_parts+=("$out/levels/plain$suffix-c$level/results.json")
+    spec_parts+=("$out/levels/spec$suffix-c$level/results.json")
+  done
+  "$bin/quickdraft" bench-serve --merge "${plain_parts[@]}" --out "$out/quickdraft-plain$suffix"
+  "$bin/quickdraft" bench-serve --merge "${spec_parts[@]}" --out "$out/quickdraft-spec$suffix"
   runs+=("$out/quickdraft-plain$suffix/results.json" "$out/quickdraft-spec$suffix/results.json")
 done
 kill "$server"; wait "$server" 2>/dev/null || true

@@ -305,6 +305,37 @@ def test_combine_compares_rounds_round_by_round(runs, tmp_path):
     assert "## Over rounds" not in (tmp_path / "single" / "report.md").read_text()  # no label repeats
 
 
+def test_merge_joins_a_configurations_levels_measured_apart(runs, tmp_path):
+    """serve_sweep.sh measures a level at a time, alternating configurations: one run's levels 1 and 2 written as
+    two runs, then merged, give that run's own summary (the first level still the exactness reference); runs of
+    another configuration are refused."""
+    whole = json.loads((runs["speculation"][0] / "results.json").read_text())
+    parts = []
+    for i, level in enumerate(whole["levels"]):
+        part = whole | {"levels": [level], "config": whole["config"] | {"concurrency": [level["concurrency"]]}}
+        part["summary"] = {"levels": [whole["summary"]["levels"][i]]}
+        if i:  # a later level measured alone compared its outputs with its own, not with level 1's
+            part["levels"][0] = level | {"requests": [r | {"text": r["text"] + "!"} for r in level["requests"]]}
+        parts.append(tmp_path / f"part-{i}.json")
+        parts[-1].write_text(json.dumps(part))
+    code, stdout, stderr = quickdraft("bench-serve", "--merge", *map(str, parts), "--out", str(tmp_path / "merged"))
+    assert code == 0, stderr
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["config"]["concurrency"] == whole["config"]["concurrency"] == [1, 2]
+    first, second = merged["summary"]["levels"]
+    assert first == whole["summary"]["levels"][0]
+    assert second["identical"] == 0.0 and second["compared"] > 0  # the changed texts differ from level 1's
+    expected = whole["summary"]["levels"][1] | {k: second[k] for k in ("identical", "differing_prompts")}
+    assert second == expected
+    assert_plots_drawn(tmp_path / "merged")
+    other = json.loads(parts[1].read_text()) | {"label": "another configuration"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    message = one_line_error(
+        ["bench-serve", "--merge", str(parts[0]), str(tmp_path / "other.json"), "--out", str(tmp_path / "x")]
+    )
+    assert "--merge joins runs of one configuration" in message
+
+
 def one_line_error(args: list[str]) -> str:
     code, _, stderr = quickdraft(*args)
     assert code != 0 and "Traceback" not in stderr

@@ -10,7 +10,14 @@ from pathlib import Path
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.serve.load import LevelRun, ServeBenchConfig, api_base, check_extra_body, run_load
 from quickdraft.bench.serve.report import level_tables, throughput_ratio_table
-from quickdraft.bench.serve.results import read_runs, results_dict, write_combined, write_run
+from quickdraft.bench.serve.results import (
+    merge_runs,
+    read_results,
+    read_runs,
+    results_dict,
+    write_combined,
+    write_run,
+)
 from quickdraft.bench.serve.summary import level_summaries
 from quickdraft.commands.arguments import add_prompts_argument, comma_list, output_dir
 from quickdraft.errors import UsageError
@@ -24,7 +31,7 @@ def register(subparsers) -> argparse.ArgumentParser:
         help="load-test any OpenAI-compatible chat endpoint: TTFT, TPOT, tok/s and goodput per concurrency",
         description="Send streamed chat requests to --url with C in flight at each concurrency C (closed loop); "
         "write results.json, report.md, latency.png and throughput.png to --out. With --combine, measure "
-        "nothing: put earlier runs side by side.",
+        "nothing: put earlier runs side by side; with --merge, join one configuration's runs of some levels each.",
     )
     parser.add_argument(
         "--url",
@@ -76,14 +83,26 @@ def register(subparsers) -> argparse.ArgumentParser:
         metavar="RESULTS_JSON",
         help="measure nothing: one report.md and plots of these runs, one column/line each, to --out",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="measure nothing: one configuration's runs, each of some levels, joined into one run (results, report "
+        "and plots) in --out, levels in the order given",
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory for the results, report and plots")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.combine and args.merge:
+        raise UsageError("--combine and --merge each make one report; pass one of them")
     if args.combine:
         return _combine(args)
+    if args.merge:
+        return _merge(args)
     config = _config(args)
     out = output_dir(args.out)
     load_run = run_load(config, on_level=_print_progress)
@@ -100,6 +119,16 @@ def _combine(args: argparse.Namespace) -> int:
     runs = read_runs(args.combine)
     paths = write_combined(runs, output_dir(args.out))
     print(throughput_ratio_table(runs))
+    print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    if args.url or args.prompts:
+        raise UsageError("--merge measures nothing; drop --url and --prompts, or drop --merge to measure")
+    results = merge_runs([read_results(path) for path in args.merge])
+    paths = write_run(results, output_dir(args.out))
+    print(level_tables(level_summaries(results)))
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from quickdraft.bench.provenance import provenance
-from quickdraft.bench.serve.load import LoadRun, ServeBenchConfig
+from quickdraft.bench.serve.client import RequestResult
+from quickdraft.bench.serve.load import LevelRun, LoadRun, ServeBenchConfig
 from quickdraft.bench.serve.summary import level_summaries, summarize
 from quickdraft.errors import UsageError
 
@@ -57,6 +58,47 @@ def results_dict(config: ServeBenchConfig, run: LoadRun, label: str | None, prom
         ],
         "summary": {"levels": [asdict(summary) for summary in summaries]},
     }
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One run made of runs of one configuration that each measured some of its levels (`scripts/serve_sweep.sh`
+    measures a level at a time, alternating the configurations it compares, so that a slow stretch of the machine
+    falls on both): their levels in the given order, every level summarized again, so that the first level is the
+    exactness reference of all. Provenance and warm-up are the first run's. UsageError when the runs differ in more
+    than their levels."""
+    first = runs[0]
+
+    def setting(run: dict) -> tuple:
+        config = {
+            key: value for key, value in run["config"].items() if key not in ("concurrency", "requests_per_level")
+        }
+        return run["label"], run["endpoint"], config
+
+    if any(setting(run) != setting(first) for run in runs[1:]):
+        raise UsageError(
+            "--merge joins runs of one configuration (the same label, endpoint and settings, other levels); "
+            "pass the results.json of one configuration's levels"
+        )
+    if any("levels" not in run for run in runs):
+        raise UsageError("--merge needs every request of each run; pass results.json files as bench-serve wrote them")
+    levels = [level for run in runs for level in run["levels"]]
+    measured = [
+        LevelRun(
+            level["concurrency"],
+            level["wall_time"],
+            tuple(
+                RequestResult(**request | {"chunk_times": tuple(request["chunk_times"])})
+                for request in level["requests"]
+            ),
+        )
+        for level in levels
+    ]
+    config = first["config"] | {
+        "concurrency": [level["concurrency"] for level in levels],
+        "requests_per_level": [len(level["requests"]) for level in levels],
+    }
+    summaries = summarize(measured, config["temperature"], config["ttft_target"])
+    return first | {"config": config, "levels": levels, "summary": {"levels": [asdict(s) for s in summaries]}}
 
 
 def mask_api_key(command_line: str) -> str:
