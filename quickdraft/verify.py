@@ -30,13 +30,12 @@ class Verdict:
     tokens: tuple[int, ...]  # the accepted tokens, then one recovered or bonus token
 
 
-def greedy_verify(draft_ids: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+def greedy_verify(draft_ids: torch.Tensor, target_ids: torch.Tensor) -> Verdict:
     """Keep the draft while it matches the target's argmax.
 
-    draft_ids: [k] proposed tokens; target_logits: [k + 1, vocab] the target's logits at the
+    draft_ids: [k] proposed tokens; target_ids: [k + 1] the argmax of the target's logits at the
     position of each draft token and one after the last.
     """
-    target_ids = target_logits.argmax(dim=-1)  # [k + 1]
     num_accepted = _leading_true(draft_ids == target_ids[:-1])
     return Verdict(num_accepted, tuple(target_ids[: num_accepted + 1].tolist()))
 
