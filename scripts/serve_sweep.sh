@@ -4,7 +4,8 @@
 # `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
-# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), ROUNDS (1: quickdraft's two
+# CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), REQUESTS (bench-serve's default,
+# max(C, prompts) at concurrency C: one burst at 16; more keep C streams busy longer), ROUNDS (1: quickdraft's two
 # configurations are measured that many times on one server, a level at a time, back to back, and each round's
 # levels merged into one run per configuration (`bench-serve --merge`); the combined report then compares them round
 # by round). Run it on an otherwise idle machine.
@@ -18,6 +19,7 @@ prompts=${PROMPTS:-../shared/data/specbench_dev.jsonl}
 levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
 step_tokens=${STEP_TOKENS:-}
+requests=${REQUESTS:-}
 rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
 bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
@@ -35,7 +37,7 @@ wait_healthy() {
 
 sweep() {  # label, out dir, extra body, levels
   "$bin/quickdraft" bench-serve --url "http://127.0.0.1:$port/v1" --prompts "$prompts" --concurrency "${4:-$levels}" \
-    --max-tokens "$tokens" --label "$1" --out "$out/$2" ${3:+--extra-body "$3"}
+    --max-tokens "$tokens" --label "$1" --out "$out/$2" ${3:+--extra-body "$3"} ${requests:+--requests "$requests"}
 }
 
 "$bin/quickdraft" serve --model "$model" --threads "$threads" --max-batch "$max_batch" --max-queue 64 --port "$port" \
