@@ -106,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
     config = _config(args)
     out = output_dir(args.out)
     load_run = run_load(config, on_level=_print_progress)
-    results = results_dict(config, load_run, args.label, Path(args.prompts))
+    return _write(results_dict(config, load_run, args.label, Path(args.prompts)), out)
+
+
+def _write(results: dict, out: Path) -> int:
+    """One run's results, report and plots into `out`; its level tables printed."""
     paths = write_run(results, out)
     print(level_tables(level_summaries(results)))
     print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
@@ -126,16 +130,12 @@ def _combine(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     if args.url or args.prompts:
         raise UsageError("--merge measures nothing; drop --url and --prompts, or drop --merge to measure")
-    results = merge_runs([read_results(path) for path in args.merge])
-    paths = write_run(results, output_dir(args.out))
-    print(level_tables(level_summaries(results)))
-    print("\nwrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return 0
+    return _write(merge_runs([read_results(path) for path in args.merge]), output_dir(args.out))
 
 
 def _config(args: argparse.Namespace) -> ServeBenchConfig:
     if not args.url or not args.prompts:
-        raise UsageError("--url and --prompts are required to measure (or pass --combine RESULTS_JSON...)")
+        raise UsageError("--url and --prompts are required to measure (or pass --combine or --merge RESULTS_JSON...)")
     _require_positive(
         {
             "--per-category": args.per_category,  # select_prompts would name its own --limit
