@@ -1,4 +1,4 @@
-"""Verification: which draft tokens the target keeps, as pure functions of tensors.
+"""Verification: which draft tokens the target keeps, as pure functions of token ids and distributions.
 
 Every verification step outputs `num_accepted + 1` tokens, of three kinds:
 
@@ -17,6 +17,7 @@ exactly as the target's warped distribution. A drafter without a distribution (n
 proposes a point mass: its draft_probs row is one-hot on the proposed token.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,14 +31,17 @@ class Verdict:
     tokens: tuple[int, ...]  # the accepted tokens, then one recovered or bonus token
 
 
-def greedy_verify(draft_ids: torch.Tensor, target_ids: torch.Tensor) -> Verdict:
+def greedy_verify(draft_ids: Sequence[int], target_ids: Sequence[int]) -> Verdict:
     """Keep the draft while it matches the target's argmax.
 
     draft_ids: [k] proposed tokens; target_ids: [k + 1] the argmax of the target's logits at the
-    position of each draft token and one after the last.
+    position of each draft token and one after the last. Plain integers: it runs once per request
+    per step, where a few torch calls on k-element tensors cost more than the comparison.
     """
-    num_accepted = _leading_true(draft_ids == target_ids[:-1])
-    return Verdict(num_accepted, tuple(target_ids[: num_accepted + 1].tolist()))
+    num_accepted = 0
+    while num_accepted < len(draft_ids) and draft_ids[num_accepted] == target_ids[num_accepted]:
+        num_accepted += 1
+    return Verdict(num_accepted, tuple(target_ids[: num_accepted + 1]))
 
 
 def rejection_sample(

@@ -22,7 +22,7 @@ VOCAB = 6
     ],
 )
 def test_greedy_verify_table(draft, target_argmax, expected):
-    assert greedy_verify(torch.tensor(draft, dtype=torch.long), torch.tensor(target_argmax)) == expected
+    assert greedy_verify(draft, target_argmax) == expected
 
 
 def one_hot_rows(token_ids: list[int]) -> torch.Tensor:
