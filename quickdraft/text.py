@@ -3,8 +3,9 @@
 import functools
 import re
 import secrets
+from collections.abc import Callable
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, TokenizersBackend
 
 from quickdraft.errors import UsageError
 
@@ -94,6 +95,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        self._decode = _decoder(tokenizer)  # ids -> text, special tokens skipped
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = 0  # start of the decoding window
@@ -112,8 +114,15 @@ class IncrementalDetokenizer:
         self.text += delta
         return delta
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+def _decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)` as a function of ids:
+    straight through the `tokenizers` backend where the tokenizer's own decoding is that call and nothing more
+    (the detokenizer decodes twice per generated token, and the wrapper's handling of its arguments costs more
+    than the decoding), else through `decode`."""
+    if isinstance(tokenizer, TokenizersBackend) and type(tokenizer)._decode is TokenizersBackend._decode:
+        return functools.partial(tokenizer.backend_tokenizer.decode, skip_special_tokens=True)
+    return functools.partial(tokenizer.decode, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 class StopMatcher:

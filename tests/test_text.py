@@ -3,7 +3,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from quickdraft.text import IncrementalDetokenizer, StopMatcher, encode_prompt
+from quickdraft.text import IncrementalDetokenizer, StopMatcher, _decoder, encode_prompt
 from tests.tiny_models import build_tokenizer, chatml_tokenizer
 
 
@@ -22,6 +22,28 @@ def test_streamed_text_equals_decoding_all_tokens(tokenizer, seed):
     full = tokenizer.decode(ids, skip_special_tokens=True)
     assert "".join(deltas) == detokenizer.text
     assert full.startswith(detokenizer.text) and full.rstrip("\ufffd") == detokenizer.text.rstrip("\ufffd")
+
+
+class _WrappedDecoding(type(build_tokenizer())):
+    """A tokenizer whose own decoding does more than the backend's: the detokenizer must go through it."""
+
+    def _decode(self, token_ids, **kwargs):
+        return super()._decode(token_ids, **kwargs).upper()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_detokenizer_decodes_as_the_tokenizer_does(seed):
+    """Straight through the backend where that is the tokenizer's decoding (special tokens skipped, spaces kept),
+    through the tokenizer's own `decode` where a subclass changes it."""
+    rng = random.Random(seed)
+    plain, chatml = build_tokenizer(), chatml_tokenizer()
+    wrapped = _WrappedDecoding(tokenizer_object=plain.backend_tokenizer)
+    for tokenizer in (plain, chatml, wrapped):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(30)] + tokenizer.all_special_ids
+        rng.shuffle(ids)
+        expected = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert _decoder(tokenizer)(ids) == expected
+    assert _decoder(wrapped)(ids) == expected and expected == expected.upper()
 
 
 def test_multibyte_characters_are_never_split(tokenizer):
