@@ -100,7 +100,7 @@ def step_price(target: TargetCost, load: BatchLoad, limit: int) -> tuple[list[fl
     yielding nothing, would make any draft look worth its rows, and the time a draft takes delays the prompts
     that would soon decode too. Without prefilling requests this is (t(rows + n), load.tokens).
     """
-    with_prompts = [target.seconds(load.rows + n, load.sequences + 1) for n in range(1, limit + 2)]
+    with_prompts = target.seconds_from(load.rows + 1, limit + 1, load.sequences + 1)
     if not load.prefilling:
         return with_prompts, load.tokens
     decoding_rows = load.rows - load.prompt_rows + load.prefilling

@@ -80,7 +80,15 @@ class TargetCost:
         """t(tokens) for a step of `sequences` sequences. Not forced to grow with `tokens`: kernels differ by
         size, and a size that is measured cheaper (say 4 tokens cheaper than 3 on a CPU GEMM) is worth choosing.
         Past the calibrated sizes, the last two extend linearly."""
-        return self._scale * (self._shape_at(tokens) + (sequences - 1) * self.per_sequence)
+        return self.seconds_from(tokens, 1, sequences)[0]
+
+    def seconds_from(self, tokens: int, count: int, sequences: int = 1) -> list[float]:
+        """[count] t(tokens), t(tokens + 1), ... for a step of `sequences` sequences, in one call: every running
+        request prices its draft against them every step."""
+        extra = (sequences - 1) * self.per_sequence
+        if tokens + count - 1 <= len(self._shape):
+            return [self._scale * (shape + extra) for shape in self._shape[tokens - 1 : tokens - 1 + count]]
+        return [self._scale * (self._shape_at(n) + extra) for n in range(tokens, tokens + count)]
 
     def observe(self, tokens: int, seconds: float, sequences: int = 1) -> None:
         self._shape = [

@@ -133,6 +133,18 @@ def test_target_cost_keeps_each_size_and_its_scale_follows_load():
     assert cost.seconds(2) / cost.seconds(1) == pytest.approx(1.2, rel=0.05)  # and is forgotten once not seen again
 
 
+def test_target_cost_prices_a_run_of_sizes_as_each_size_alone():
+    """`seconds_from` (each request prices its draft with it, every step) gives t at each size: the calibrated
+    sizes, then the last two extended linearly, plus the further sequences' cost."""
+    cost = TargetCost([1.0, 1.2, 1.1, 1.5], per_sequence=0.1)
+    assert cost.seconds_from(1, 4) == [1.0, 1.2, 1.1, 1.5]
+    assert cost.seconds_from(3, 4, sequences=3) == pytest.approx([1.3, 1.7, 2.1, 2.5])
+    for _ in range(5):
+        cost.observe(2, 3.0)  # the scale and size 2 move
+    assert cost.seconds_from(2, 2, sequences=2) == [cost.seconds(n, 2) for n in (2, 3)]
+    assert cost.seconds_from(1, 6, sequences=2) == [cost.seconds(n, 2) for n in range(1, 7)]
+
+
 def test_target_cost_refines_only_the_sizes_timed_one_by_one():
     """Past the sizes calibrated one by one, t(n) is a sparse grid's interpolation: a step's timing there moves
     the scale only, so a slow step at 20 rows cannot make 21 rows look cheaper than 20 (a draft row for free)."""
