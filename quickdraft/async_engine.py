@@ -8,10 +8,12 @@
 
 The engine is not thread-safe, so every generation runs on this thread. Callers submit a
 `Job` (prompt ids, sampling parameters, speculation config) and read its events (`TextDelta`s,
-then `Finished`, or `Cancelled` / `Failed`) from an asyncio queue that the thread fills with
+then `Finished`, or `Cancelled` / `Failed`) from an asyncio queue that the thread fills through
 `call_soon_threadsafe`. Each loop hands newly submitted jobs to the engine, drops cancelled ones,
 runs one engine step (up to `max_batch` requests at once; the rest wait in arrival order) and
-routes the step's events. When `max_batch + max_waiting` jobs are already in, `submit` refuses the
+routes the step's events, all of them in one call per event loop: each call wakes the loop (a write to
+its self-pipe) and takes the GIL from this thread, and a call per event stood out in py-spy's samples of
+a 16-stream server's engine thread. When `max_batch + max_waiting` jobs are already in, `submit` refuses the
 next one at once.
 
 Cancelling a job (its consumer went away, or the engine stops) takes it out of the queue, or out of
@@ -59,7 +61,7 @@ class Job:
         self.queued = time.perf_counter()
         self.first_event: float | None = None  # perf_counter() of its first and latest engine events (worker thread)
         self.last_event: float | None = None
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # where its consumer reads its events
         self._events: asyncio.Queue[JobEvent] = asyncio.Queue()
         self._cancelled = threading.Event()
 
@@ -70,15 +72,12 @@ class Job:
     def cancel(self) -> None:
         self._cancelled.set()
 
-    def emit(self, event: JobEvent) -> None:
-        """Hand an event to the event loop (callable from any thread)."""
-        try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
     async def next_event(self) -> JobEvent:
         return await self._events.get()
+
+    def put(self, event: JobEvent) -> None:
+        """On its event loop: the next event for `next_event`."""
+        self._events.put_nowait(event)
 
 
 class AsyncEngine:
@@ -91,6 +90,7 @@ class AsyncEngine:
         self._submitted: deque[Job] = deque()  # accepted, not yet handed to the engine
         self._jobs: dict[int, Job] = {}  # by engine request id: waiting in the engine or running
         self._stopping = False
+        self._outbox: list[tuple[Job, JobEvent]] = []  # events for the jobs' queues, handed over by `_deliver`
         self._thread = threading.Thread(target=self._serve, name="quickdraft-engine", daemon=True)
 
     def start(self) -> None:
@@ -156,11 +156,14 @@ class AsyncEngine:
 
     def _serve(self) -> None:
         while self._next_round():
+            self._deliver()
             for request_id, event in self.engine.step():
                 self._route(request_id, event)
+            self._deliver()
             if self.engine.last_step is not None:
                 self._on_step(*self.engine.last_step)
         self._cancel_all()
+        self._deliver()
 
     def _next_round(self) -> bool:
         """Wait for work; hand new jobs to the engine, take cancelled ones out. False once stopping."""
@@ -183,7 +186,7 @@ class AsyncEngine:
         except Exception as exc:  # a prompt the engine refuses (e.g. too long for its context)
             logger.exception("the engine refused a job")
             self._on_failed()
-            job.emit(Failed(exc))
+            self._outbox.append((job, Failed(exc)))
             return
         self._on_started(job)
         with self._condition:
@@ -204,7 +207,7 @@ class AsyncEngine:
         if isinstance(event, Finished | Failed):
             self._end(request_id, event)
         else:
-            job.emit(event)
+            self._outbox.append((job, event))
 
     def _abort(self, request_id: int) -> None:
         """Take a cancelled job out of the engine; it ends with `Cancelled`."""
@@ -215,7 +218,7 @@ class AsyncEngine:
     def _end(self, request_id: int, event: JobEvent) -> None:
         with self._condition:
             job = self._jobs.pop(request_id)
-        job.emit(event)
+        self._outbox.append((job, event))
 
     def _cancel_all(self) -> None:
         with self._condition:
@@ -225,7 +228,19 @@ class AsyncEngine:
             self._jobs.clear()
         for job in jobs:
             self._on_aborted()
-            job.emit(Cancelled())
+            self._outbox.append((job, Cancelled()))
+
+    def _deliver(self) -> None:
+        """Hand the outbox's events to their jobs' event loops, in order: one call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, JobEvent]]] = {}
+        for job, event in self._outbox:
+            by_loop.setdefault(job.loop, []).append((job, event))
+        self._outbox = []
+        for loop, events in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, events)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
 
     # --- what a subclass may count (called on the engine thread, or `_on_aborted` on a caller's) ---
 
@@ -243,3 +258,8 @@ class AsyncEngine:
 
     def _on_failed(self) -> None:
         """A job ended with an error."""
+
+
+def _put_all(events: list[tuple[Job, JobEvent]]) -> None:
+    for job, event in events:
+        job.put(event)

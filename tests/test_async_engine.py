@@ -1,6 +1,7 @@
 """The asyncio API: concurrent streams through one engine thread, each equal to its request alone."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -69,3 +70,37 @@ def test_a_full_queue_refuses_at_once_and_leaving_early_cancels(engine):
 
     firsts, load = asyncio.run(main())
     assert all(isinstance(e, TextDelta) for e in firsts) and load == (0, 0)
+
+
+def test_a_step_hands_its_events_to_the_event_loop_in_one_call(engine):
+    """Each call into the event loop from the engine thread wakes the loop and takes the GIL: a step's events for
+    four streams go in one call, not one per event."""
+    prompts = [engine.encode(p) for p in PROMPTS]
+    steps, calls = [], []
+
+    class Counting(AsyncEngine):
+        def _on_step(self, sequences: int, rows: int) -> None:
+            steps.append(sequences)
+
+    async_engine = Counting(engine, max_waiting=0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        call = loop.call_soon_threadsafe
+
+        def counted(*args, **kwargs):
+            if threading.current_thread().name == "quickdraft-engine":
+                calls.append(args)
+            return call(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        async_engine.start()
+        try:
+            return await asyncio.gather(*(collect(async_engine, p) for p in prompts))
+        finally:
+            async_engine.stop(timeout=10)
+
+    results = asyncio.run(main())
+    assert all(finished is not None for _, finished in results)
+    assert max(steps) == len(PROMPTS)  # the four ran together
+    assert len(calls) <= len(steps) + 1
