@@ -544,10 +544,10 @@ void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_
 
 #ifdef QUICKDRAFT_PANEL_PAIRS
 // Products of at least this many rows take panels two at a time: half the instructions per weight byte, which pays
-// once the arithmetic, not the weights' streaming, decides. Measured in whole forwards (docs/native_runtime.md, stop
-// 46): from 5 rows on, pairs were faster (a 16-sequence decode step by about 2 ms of 14); at 2-4 rows slower. Either
-// way the same bits.
-constexpr int64_t kPairRows = 5;
+// once the arithmetic, not the weights' streaming, decides. Measured in whole forwards (docs/native_runtime.md, stops
+// 46 and 50): from 4 rows on, pairs are faster (a 4-token forward by 6-10% since pairs prefetch both panels; a
+// 16-sequence decode step by about 2 ms of 14); at 2 and 3 rows slower. Either way the same bits.
+constexpr int64_t kPairRows = 4;
 #else
 constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
 #endif
