@@ -5,9 +5,10 @@ so a slow stretch of a shared machine slows every shape alike and their ratios (
 profiler: the numbers to compare two checkouts by, run alternately.
 
     python scripts/forward_times.py --threads 2
+    python scripts/forward_times.py --sequences 4 --contexts 64,64,1024,1024  # two short caches, then two long
     PYTHONPATH=/tmp/old TORCH_EXTENSIONS_DIR=/tmp/ext-old python scripts/forward_times.py  # another checkout
 
-docs/native_runtime.md (stop 46) quotes it.
+docs/native_runtime.md (stops 46 and 50) quotes it.
 """
 
 import argparse
@@ -26,6 +27,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="gguf")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=256, help="cached tokens under every forward")
+    parser.add_argument(
+        "--contexts", default="", help="comma list: cached tokens of sequence 1, 2, ... (cycled), instead of --context"
+    )
     parser.add_argument("--tokens", default="1,2,3,4,5,6,8,10", help="comma list: one sequence feeding this many")
     parser.add_argument("--sequences", default="4,8,16", help="comma list: this many sequences feeding one each")
     parser.add_argument("--prompt-chunks", default="", help="comma list: one sequence reading a prompt chunk this long")
@@ -37,9 +41,10 @@ def main() -> None:
     shapes += [(int(s), 1, "all") for s in args.sequences.split(",") if s]
     shapes += [(1, int(n), "last") for n in args.prompt_chunks.split(",") if n]
     slots = [runner.open_slot() for _ in range(max(s for s, _, _ in shapes))]
-    context = tuple(100 + i % 1000 for i in range(args.context))
+    lengths = [int(n) for n in args.contexts.split(",") if n] or [args.context]
+    cached = {slot: lengths[i % len(lengths)] for i, slot in enumerate(slots)}
     for slot in slots:
-        runner.forward_batch([SequenceStep(slot, context, "none")])
+        runner.forward_batch([SequenceStep(slot, tuple(100 + i % 1000 for i in range(cached[slot])), "none")])
     plans = [
         [SequenceStep(slot, (7,) * tokens, logits) for slot in slots[:sequences]]
         for sequences, tokens, logits in shapes
@@ -52,12 +57,13 @@ def main() -> None:
             if i >= 5:
                 shape_walls.append(time.perf_counter() - started)
             for step in plan:
-                runner.rollback_slot(step.slot, len(context))
+                runner.rollback_slot(step.slot, cached[step.slot])
     results = []
     for (sequences, tokens, logits), shape_walls in zip(shapes, walls):
         kind = "x" if logits == "all" else "x prompt "
         results.append(f"{sequences}{kind}{tokens} {statistics.median(shape_walls) * 1e3:.2f}")
-    print(f"{args.model} {args.dtype}, {args.threads} threads, {args.context} cached tokens; sequences x tokens, ms:")
+    contexts = args.contexts or args.context
+    print(f"{args.model} {args.dtype}, {args.threads} threads, {contexts} cached tokens; sequences x tokens, ms:")
     print(" | ".join(results))
 
 

@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1376,10 +1377,11 @@ at::Tensor attend_rows(const at::Tensor& queries, const std::vector<at::Tensor>&
   const auto blocks = query_blocks(sequence, rows, kv_heads);
   const int64_t parts = head_parts(static_cast<int64_t>(blocks.size()), kv_heads, group);
   const int64_t items = static_cast<int64_t>(blocks.size()) * kv_heads * parts;
-  at::parallel_for(0, items, 1, [&](int64_t first, int64_t last) {
+  std::atomic<int64_t> next_item{0};  // items go to whichever thread is free: their costs differ with their spans
+  at::parallel_for(0, std::min<int64_t>(items, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     std::vector<float> q, out, scratch;
     std::vector<int64_t> q_begin, q_end;
-    for (int64_t item = first; item < last; ++item) {  // item: (key head, block, part of its query heads)
+    for (int64_t item = next_item++; item < items; item = next_item++) {  // (key head, block, part of its heads)
       const auto [row0, count] = blocks[item / parts % static_cast<int64_t>(blocks.size())];
       const int64_t kv = item / (parts * static_cast<int64_t>(blocks.size())), part = item % parts;
       const int64_t g0 = group * part / parts, width = group * (part + 1) / parts - g0;  // query heads g0.. of kv
