@@ -31,14 +31,16 @@ def main() -> None:
         "--contexts", default="", help="comma list: cached tokens of sequence 1, 2, ... (cycled), instead of --context"
     )
     parser.add_argument("--tokens", default="1,2,3,4,5,6,8,10", help="comma list: one sequence feeding this many")
-    parser.add_argument("--sequences", default="4,8,16", help="comma list: this many sequences feeding one each")
+    parser.add_argument(
+        "--sequences", default="4,8,16", help="comma list: S (S sequences feeding one token each) or SxT (T each)"
+    )
     parser.add_argument("--prompt-chunks", default="", help="comma list: one sequence reading a prompt chunk this long")
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     runner = load_model(args.model, runtime="native", dtype=args.dtype).runner
     shapes = [(1, int(n), "all") for n in args.tokens.split(",") if n]
-    shapes += [(int(s), 1, "all") for s in args.sequences.split(",") if s]
+    shapes += [(int(s), int(t or 1), "all") for s, _, t in (v.partition("x") for v in args.sequences.split(",") if v)]
     shapes += [(1, int(n), "last") for n in args.prompt_chunks.split(",") if n]
     slots = [runner.open_slot() for _ in range(max(s for s, _, _ in shapes))]
     lengths = [int(n) for n in args.contexts.split(",") if n] or [args.context]
