@@ -17,7 +17,7 @@ import json
 import time
 
 from quickdraft.config import SamplingParams
-from quickdraft.engine import Engine
+from quickdraft.engine import Engine, Finished
 
 
 def main() -> None:
@@ -51,19 +51,19 @@ def main() -> None:
         run(engine, prompts, args.max_tokens)  # warm-up: kernels, calibration, caches
     for round_ in range(1, args.rounds + 1):
         for name, engine in engines.items():
-            total, forwards, steps, per_kind = run(engine, prompts, args.max_tokens)
+            total, forwards, steps, per_kind, accepted = run(engine, prompts, args.max_tokens)
             print(
                 f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
                 f"({per_kind['chunk'][2]:.2f} s in steps with a prompt chunk), "
                 f"the rest {1e3 * (total - forwards) / steps:.1f} ms a step over {steps} steps; draft rows "
                 f"{per_kind['chunk'][1]} in {per_kind['chunk'][0]} steps with a prompt chunk, "
-                f"{per_kind['decode'][1]} in {per_kind['decode'][0]} without"
+                f"{per_kind['decode'][1]} in {per_kind['decode'][0]} without; {accepted} of them accepted"
             )
 
 
-def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int, dict[str, list[float]]]:
+def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int, dict[str, list[float]], int]:
     """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows,
-    forward seconds]} by whether the step read a prompt chunk)."""
+    forward seconds]} by whether the step read a prompt chunk, draft tokens accepted)."""
     for prompt in prompts:
         engine.submit([{"role": "user", "content": prompt}], SamplingParams(max_new_tokens=max_tokens), chat=True)
     batch = engine._batch
@@ -81,15 +81,16 @@ def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, flo
             kind[2] += time.perf_counter() - started
 
     batch.forward_batch = timed
-    steps, started = 0, time.perf_counter()
+    steps, accepted, started = 0, 0, time.perf_counter()
     try:
         while engine.busy:
-            engine.step()
+            events = engine.step()
+            accepted += sum(event.stats.accepted_tokens for _, event in events if isinstance(event, Finished))
             steps += 1
     finally:
         del batch.forward_batch  # the instance attribute: the method shows through again
     forwards = per_kind["chunk"][2] + per_kind["decode"][2]
-    return time.perf_counter() - started, forwards, steps, per_kind
+    return time.perf_counter() - started, forwards, steps, per_kind, accepted
 
 
 if __name__ == "__main__":
