@@ -30,19 +30,19 @@ async def collect(async_engine: AsyncEngine, prompt_ids: list[int]) -> tuple[str
     return text, finished
 
 
+async def stream_all(async_engine: AsyncEngine, prompts: list[list[int]]) -> list[tuple[str, Finished]]:
+    """Start the engine thread, stream every prompt at once, stop the thread: each prompt's text and `Finished`."""
+    async_engine.start()
+    try:
+        return await asyncio.gather(*(collect(async_engine, p) for p in prompts))
+    finally:
+        async_engine.stop(timeout=10)
+
+
 def test_concurrent_streams_each_equal_the_request_alone(engine):
     prompts = [engine.encode(p) for p in PROMPTS]
     expected = [engine.generate(p, PARAMS) for p in prompts]
-    async_engine = AsyncEngine(engine, max_waiting=0)
-
-    async def main():
-        async_engine.start()
-        try:
-            return await asyncio.gather(*(collect(async_engine, p) for p in prompts))
-        finally:
-            async_engine.stop(timeout=10)
-
-    results = asyncio.run(main())
+    results = asyncio.run(stream_all(AsyncEngine(engine, max_waiting=0), prompts))
     for (text, finished), alone in zip(results, expected):
         assert finished.token_ids == alone.token_ids and text == alone.text
 
@@ -94,11 +94,7 @@ def test_a_step_hands_its_events_to_the_event_loop_in_one_call(engine):
             return call(*args, **kwargs)
 
         loop.call_soon_threadsafe = counted
-        async_engine.start()
-        try:
-            return await asyncio.gather(*(collect(async_engine, p) for p in prompts))
-        finally:
-            async_engine.stop(timeout=10)
+        return await stream_all(async_engine, prompts)
 
     results = asyncio.run(main())
     assert all(finished is not None for _, finished in results)
