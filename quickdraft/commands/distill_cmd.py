@@ -77,6 +77,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     parser.add_argument(
+        "--train-precision",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the head's training products (auto: bfloat16 on CPUs with native bfloat16 products, else float32)",
+    )
+    parser.add_argument(
         "--train-on-prompts",
         action="store_true",
         help="also train on the prompts' positions (more data; held-out metrics stay on answers)",
@@ -162,6 +168,7 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
             step_decay=args.step_decay,
             weight_decay=args.weight_decay,
             train_on_prompts=args.train_on_prompts,
+            precision=args.train_precision,
         ),
         init_head=args.init_head,
         eval_prompts=args.eval_prompts,

@@ -3,7 +3,7 @@
 from dataclasses import asdict, dataclass
 
 from quickdraft.distill.data import AnswerConfig, Shard
-from quickdraft.distill.train import Example, TrainConfig
+from quickdraft.distill.train import Example, TrainConfig, bfloat16_products
 from quickdraft.distill.vocab import VocabChoice
 from quickdraft.models.base import matrix_forms
 from quickdraft.models.loading import LoadedModel
@@ -54,6 +54,7 @@ def runtime_words(target: LoadedModel) -> str:
 def render(facts: Facts) -> str:
     data, engine, heldout, baseline = facts.data, facts.engine, facts.heldout, facts.baseline
     start = "starting head" if facts.init_head else "untrained head"
+    products = "bfloat16 (autocast)" if bfloat16_products(facts.training.precision) else "float32"
     k = heldout["k"]
     lines = [
         f"# Draft head for {facts.target}",
@@ -123,7 +124,8 @@ def render(facts: Facts) -> str:
         "steps (attending to true states for the earlier context, true tokens throughout); the loss of step s is",
         "the cross-entropy from the target's next-token distribution (renormalised over the reduced vocabulary) to",
         f"the head's, weighted {facts.training.step_decay} ** (s - 1), at answer positions whose target token the",
-        f"vocabulary holds. {facts.train_seconds / 60:.1f} min of training. Settings: `{asdict(facts.training)}`.",
+        f"vocabulary holds. {facts.train_seconds / 60:.1f} min of training, its products in {products}. "
+        f"Settings: `{asdict(facts.training)}`.",
         *(
             [
                 f"Training started from the head in `{facts.init_head}` "
