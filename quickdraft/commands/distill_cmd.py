@@ -10,7 +10,7 @@ import torch
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.distill.data import AnswerConfig
 from quickdraft.distill.pipeline import DistillOptions, distill
-from quickdraft.distill.train import TrainConfig
+from quickdraft.distill.train import PRECISIONS, TrainConfig
 from quickdraft.drafters.head.files import export, read_identity
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model
@@ -78,7 +78,7 @@ def register(subparsers) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     parser.add_argument(
         "--train-precision",
-        choices=("auto", "float32", "bfloat16"),
+        choices=PRECISIONS,
         default="auto",
         help="the head's training products (auto: bfloat16 on CPUs with native bfloat16 products, else float32)",
     )

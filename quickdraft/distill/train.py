@@ -53,7 +53,10 @@ class TrainConfig:
     eval_sequences: int = 64  # held-out sequences scored during training (the final evaluation scores all)
     checkpoint_seconds: float = 120.0
     seed: int = 0
-    precision: str = "auto"  # the head's training products: "float32", "bfloat16" (autocast) or "auto" (see below)
+    precision: str = "auto"  # the head's training products, one of PRECISIONS (see `bfloat16_products`)
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")  # bfloat16: CPU autocast; auto: bfloat16 where the CPU has it natively
 
 
 def bfloat16_products(precision: str) -> bool:
@@ -61,7 +64,7 @@ def bfloat16_products(precision: str) -> bool:
     softmaxes stay float32). "auto": where the CPU multiplies bfloat16 natively (its /proc/cpuinfo flags name
     avx512_bf16 or amx_bf16), where with `keep_freed_memory` a training step runs 2.4x faster (BENCHMARKS.md,
     "Training in bfloat16"); elsewhere bfloat16 products are emulated and slower than float32."""
-    if precision not in ("auto", "float32", "bfloat16"):
+    if precision not in PRECISIONS:
         raise UsageError(f"training precision must be auto, float32 or bfloat16, got {precision!r}")
     if precision != "auto":
         return precision == "bfloat16"
