@@ -40,7 +40,7 @@ class HeadDrafter(Drafter):
         self.name = name
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
-        self._states: list[torch.Tensor] = []  # chunks of [n, 3 * d]: the target's states at each committed position
+        self._states: list[torch.Tensor] = []  # chunks of [n, 3 * d]: the target's states the head has not read yet
         self._known = 0  # committed positions whose state has been observed
         self._cache = HeadCache()  # the head's keys and values; the first _true_pairs come from true states
         self._true_pairs = 0
@@ -90,12 +90,10 @@ class HeadDrafter(Drafter):
         self._cache.length = self._true_pairs
         if self._true_pairs == self._known:  # nothing committed since the last draft
             return self._after_pending
-        states = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known, 3 * d]
-        self._states = [states]
-        new_tokens = torch.tensor(
-            context_ids[self._true_pairs + 1 :], device=states.device
-        )  # x_{t+1} of the unseen pairs
-        stream = self.head.fuse(states[self._true_pairs :])  # [unseen, d]
+        unseen = torch.cat(self._states) if len(self._states) > 1 else self._states[0]  # [known - true pairs, 3 * d]
+        self._states = []  # read once: the head's cache holds what it needs of them
+        new_tokens = torch.tensor(context_ids[self._true_pairs + 1 :], device=unseen.device)  # x_{t+1} of each
+        stream = self.head.fuse(unseen)  # [known - true pairs, d]
         self._after_pending = self.head.step(stream, new_tokens, self._cache)[-1]
         self._true_pairs = self._known
         return self._after_pending
