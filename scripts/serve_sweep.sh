@@ -4,6 +4,7 @@
 # `quickdraft bench-serve` at 1, 2, 4, 8 and 16 streams.
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
+# DRAFTER (serve's default drafters, what "speculation" runs: e.g. ngram,head; unset: serve's own default),
 # CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), REQUESTS (bench-serve's default,
 # max(C, prompts) at concurrency C: one burst at 16; more keep C streams busy longer), ROUNDS (1: quickdraft's two
 # configurations are measured that many times on one server, a level at a time, back to back, and each round's
@@ -19,6 +20,7 @@ prompts=${PROMPTS:-../shared/data/specbench_dev.jsonl}
 levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
 step_tokens=${STEP_TOKENS:-}
+drafter=${DRAFTER:-}
 requests=${REQUESTS:-}
 rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
@@ -41,13 +43,13 @@ sweep() {  # label, out dir, extra body, levels
 }
 
 "$bin/quickdraft" serve --model "$model" --threads "$threads" --max-batch "$max_batch" --max-queue 64 --port "$port" \
-  ${step_tokens:+--step-tokens "$step_tokens"} > "$out/quickdraft-serve.log" 2>&1 &
+  ${step_tokens:+--step-tokens "$step_tokens"} ${drafter:+--drafter "$drafter"} > "$out/quickdraft-serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 wait_healthy "$port"
 no_drafter='{"quickdraft": {"drafter": "none"}}'
 plain() { sweep "quickdraft, no speculation" "levels/plain$suffix-c$1" "$no_drafter" "$1"; }  # level
-speculation() { sweep "quickdraft, speculation" "levels/spec$suffix-c$1" "" "$1"; }
+speculation() { sweep "quickdraft, speculation${drafter:+ ($drafter)}" "levels/spec$suffix-c$1" "" "$1"; }
 runs=()  # no speculation first: the combined report's ratios are speculation's against it
 IFS=, read -ra level_list <<< "$levels"
 for round in $(seq 1 "$rounds"); do
