@@ -5,8 +5,10 @@
 #   scripts/serve_sweep.sh OUT [LLAMA_CPP_BIN]      # e.g. scripts/serve_sweep.sh bench-out/serve "$(../shared/tools/build-llama-cpp.sh)"
 # Environment: MODEL (smollm2-135m-instruct), THREADS (2), MAX_BATCH (16), PROMPTS (../shared/data/specbench_dev.jsonl),
 # DRAFTER (serve's default drafters, what "speculation" runs: e.g. ngram,head; unset: serve's own default),
+# ALSO (more drafter settings measured on the same server, each named in the request body, separated by ';', e.g.
+# ALSO=ngram: n-gram lookup alone beside the default),
 # CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), REQUESTS (bench-serve's default,
-# max(C, prompts) at concurrency C: one burst at 16; more keep C streams busy longer), ROUNDS (1: quickdraft's two
+# max(C, prompts) at concurrency C: one burst at 16; more keep C streams busy longer), ROUNDS (1: quickdraft's
 # configurations are measured that many times on one server, a level at a time, back to back, and each round's
 # levels merged into one run per configuration (`bench-serve --merge`); the combined report then compares them round
 # by round). Run it on an otherwise idle machine.
@@ -21,6 +23,7 @@ levels=${CONCURRENCY:-1,2,4,8,16}
 tokens=${MAX_TOKENS:-128}
 step_tokens=${STEP_TOKENS:-}
 drafter=${DRAFTER:-}
+also=${ALSO:-}
 requests=${REQUESTS:-}
 rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
@@ -47,25 +50,34 @@ sweep() {  # label, out dir, extra body, levels
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 wait_healthy "$port"
-no_drafter='{"quickdraft": {"drafter": "none"}}'
-plain() { sweep "quickdraft, no speculation" "levels/plain$suffix-c$1" "$no_drafter" "$1"; }  # level
-speculation() { sweep "quickdraft, speculation${drafter:+ ($drafter)}" "levels/spec$suffix-c$1" "" "$1"; }
-runs=()  # no speculation first: the combined report's ratios are speculation's against it
+# The configurations, each measured on this one server: no speculation first (the combined report's ratios are
+# the others' against it), the server's default drafters, then each of ALSO's drafters named in the request body.
+names=(plain spec) labels=("quickdraft, no speculation" "quickdraft, speculation${drafter:+ ($drafter)}")
+bodies=('{"quickdraft": {"drafter": "none"}}' "")
+IFS=';' read -ra also_list <<< "$also"
+for other in "${also_list[@]}"; do
+  names+=("spec-${other//[^a-z0-9]/_}") labels+=("quickdraft, speculation ($other)")
+  bodies+=("{\"quickdraft\": {\"drafter\": \"$other\"}}")
+done
+runs=()
 IFS=, read -ra level_list <<< "$levels"
 for round in $(seq 1 "$rounds"); do
   suffix=$([ "$round" = 1 ] && echo "" || echo "-$round")
-  # A level at a time, the two configurations back to back, which goes first alternating level by level and round
-  # by round: a slow stretch of the machine then falls on both, not on one configuration's whole sweep.
-  plain_parts=() spec_parts=()
+  # A level at a time, the configurations back to back, which goes first rotating level by level and round by
+  # round: a slow stretch of the machine then falls on all of them, not on one configuration's whole sweep.
   for i in "${!level_list[@]}"; do
     level=${level_list[$i]}
-    if [ $(((round + i) % 2)) = 1 ]; then speculation "$level"; plain "$level"; else plain "$level"; speculation "$level"; fi
-    plain_parts+=("$out/levels/plain$suffix-c$level/results.json")
-    spec_parts+=("$out/levels/spec$suffix-c$level/results.json")
+    for j in "${!names[@]}"; do
+      c=$(((j + round + i) % ${#names[@]}))
+      sweep "${labels[$c]}" "levels/${names[$c]}$suffix-c$level" "${bodies[$c]}" "$level"
+    done
   done
-  "$bin/quickdraft" bench-serve --merge "${plain_parts[@]}" --out "$out/quickdraft-plain$suffix"
-  "$bin/quickdraft" bench-serve --merge "${spec_parts[@]}" --out "$out/quickdraft-spec$suffix"
-  runs+=("$out/quickdraft-plain$suffix/results.json" "$out/quickdraft-spec$suffix/results.json")
+  for c in "${!names[@]}"; do
+    parts=()
+    for level in "${level_list[@]}"; do parts+=("$out/levels/${names[$c]}$suffix-c$level/results.json"); done
+    "$bin/quickdraft" bench-serve --merge "${parts[@]}" --out "$out/quickdraft-${names[$c]}$suffix"
+    runs+=("$out/quickdraft-${names[$c]}$suffix/results.json")
+  done
 done
 kill "$server"; wait "$server" 2>/dev/null || true
 
