@@ -1,5 +1,5 @@
 # Two entry points: `make demo` (set up, then a streamed speculative generation on the built-in
-# default model with the default drafter, n-gram lookup under --k auto, compared with the target alone) and `make test` (set up, install Debian's Chromium for the
+# default model with its default drafters, n-gram lookup and its corpus table under --k auto, compared with the target alone) and `make test` (set up, install Debian's Chromium for the
 # playground's browser tests, lint and format check, then the full suite). `make mutants` (deliberate bugs the suite must catch) runs in CI after `make test`.
 PYTHON ?= python3.11
 VENV := .venv

@@ -40,6 +40,7 @@ from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import SequenceOutput, SequenceStep, synchronize
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.registry import default_drafter
 from quickdraft.models.single_slot import batch_view
 from quickdraft.output import Event, Failed, Finished, RequestOutput, TextDelta
 from quickdraft.running import DecodePlan, RunningRequest
@@ -115,9 +116,9 @@ class Engine:
         max_batch: int = 1,
         step_tokens: int = DEFAULT_STEP_TOKENS,
     ) -> "Engine":
-        """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: n-gram lookup), and
-        calibrate costs for k="auto"."""
-        spec = SpecConfig(drafter=drafter or "ngram", k=k, k_max=k_max)  # checked before the slow load
+        """Load the target `config` names, prepare the drafters (see `SpecConfig`; None: the target's own,
+        `default_drafter`), and calibrate costs for k="auto"."""
+        spec = SpecConfig(drafter=drafter or default_drafter(config.model), k=k, k_max=k_max)  # checked before loading
         for name in spec.drafters:
             check_name(name)
         if config.threads:

@@ -241,6 +241,20 @@ MUTANTS = [
         ("tests/test_batch_engine.py", "-k", "hold_a_long_prompt_back"),
     ),
     Mutant(
+        "corpus-chain-keeps-its-first-context",
+        "quickdraft/drafters/corpus.py",
+        "tail = [*tail, token][-self.max_order :]",
+        "tail = tail",
+        ("tests/test_corpus.py", "-k", "chains"),
+    ),
+    Mutant(
+        "corpus-counts-prompt-tokens-as-answers",
+        "quickdraft/drafters/corpus.py",
+        "for position in range(max(answer_start, 1), len(tokens)):",
+        "for position in range(1, len(tokens)):",
+        ("tests/test_corpus.py", "-k", "most_frequent"),
+    ),
+    Mutant(
         "prefill-in-arrival-order",
         "quickdraft/running.py",
         "return len(self.output.prompt_ids) - self.prefilled - step_tokens * self.prefill_steps",

@@ -33,6 +33,7 @@ from quickdraft.distill.train import (
     split_examples,
 )
 from quickdraft.distill.vocab import choose_vocab, count_tokens
+from quickdraft.drafters.corpus import load_table
 from quickdraft.drafters.head.files import build_head, load_head
 from quickdraft.drafters.head.identity import target_identity
 from quickdraft.drafters.head.model import HeadConfig, default_aux_layers
@@ -467,6 +468,28 @@ def test_standalone_kind_saves_a_transformers_model_usable_as_assistant(tiny_dir
     )
     assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=16)).token_ids == expected.token_ids
     assert load_model_dir(directory, runtime="hf").info.vocab_size == 320
+
+
+def test_distill_table_counts_the_runs_answers_into_a_table_the_target_drafts_with(distilled, tmp_path, capsys):
+    options, out = distilled
+    path = tmp_path / "table.safetensors"
+    assert main(["distill", "table", str(out / "data"), "--out", str(path), "--min-count", "1"]) == 0
+    table = load_table(path)
+    answer_tokens = sum(shard.answer_tokens for shard in load_shards(out / "data"))
+    assert capsys.readouterr().out.strip() == (
+        f"{path}: {table.keys.numel()} contexts of 1..3 tokens from {answer_tokens} answer tokens of {options.target}"
+    )
+    assert table.answer_tokens == answer_tokens and table.vocab_size == 320
+    target = load_model(options.target)
+    engine = Engine(target, SpecConfig(drafter=f"ngram,corpus:{path}"))
+    expected = Engine(target, SpecConfig(drafter="none")).generate(
+        "the quick brown fox", SamplingParams(max_new_tokens=16)
+    )
+    assert engine.generate("the quick brown fox", SamplingParams(max_new_tokens=16)).token_ids == expected.token_ids
+    assert main(["distill", "table", str(tmp_path / "nothing"), "--out", str(path)]) == 2
+    assert "no training data in" in capsys.readouterr().err
+    assert main(["distill", "table", str(out / "data"), "--out", str(path), "--min-count", "0"]) == 2
+    assert "--min-count must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_distill_export_writes_each_layout_and_refuses_a_used_directory(distilled, tmp_path, capsys):

@@ -5,11 +5,12 @@ same prefill, commit, rollback and runner, so a bug in any of them passes there.
 output comes from the transformers model alone: a cache-free argmax loop that recomputes the whole
 sequence for every token, and transformers' own `generate`. The engine runs on both runners
 (transformers and native float32) with every drafter kind (n-gram with accepted and rejected
-drafts, a draft model equal to the target and an unrelated one, a head, and auto over two of
-them) at several k, on tiny targets that are alive (`tiny_models.assert_alive`): a random Llama, a
-random Gemma 3 whose 8-token sliding window every output crosses many times, and a Llama trained
-on the corpus that copies its context. Each reference path's smallest gap between the two best
-logits is checked first, so no equality rests on a near-tie between two float32 computations.
+drafts, a corpus table of the target's own answers, a draft model equal to the target and an
+unrelated one, a head, and auto over two of them) at several k, on tiny targets that are alive
+(`tiny_models.assert_alive`): a random Llama, a random Gemma 3 whose 8-token sliding window every
+output crosses many times, and a Llama trained on the corpus that copies its context. Each
+reference path's smallest gap between the two best logits is checked first, so no equality rests
+on a near-tie between two float32 computations.
 """
 
 import functools
@@ -23,6 +24,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from quickdraft import sampling
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.corpus import CorpusDrafter, CorpusTable, count_table
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.head.drafter import HeadDrafter
 from quickdraft.engine import Engine
@@ -40,7 +42,7 @@ PROMPTS = {
         "The quick brown fox jumps over the lazy dog. The dog sleeps.\nThe quick",
     ],
 }
-DRAFTERS = ["ngram", "self", "other", "head", "auto"]
+DRAFTERS = ["ngram", "corpus", "self", "other", "head", "auto"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -79,7 +81,8 @@ def transformers_generate(path, prompt_ids: tuple[int, ...], new_tokens: int) ->
 
 def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
     """An engine on `target` drafting with `drafter` ("self": a draft model equal to the target; "other": an
-    unrelated one; "head": a random head; "auto": n-gram and "self" under k auto)."""
+    unrelated one; "corpus": a table counted over the reference's answers to the target's prompts; "head": a random
+    head; "auto": n-gram and "self" under k auto)."""
     names = {"auto": "ngram,self"}.get(drafter, drafter)
     engine = Engine(target, SpecConfig(drafter=names, k="auto" if drafter == "auto" else k, k_max=k))
     for name in names.split(","):
@@ -89,7 +92,19 @@ def engine_for(target, tiny_dirs, drafter: str, k) -> Engine:
             engine.add_drafter(name, DraftModelDrafter(draft.runner, target.info.vocab_size, name))
         if name == "head":
             engine.add_drafter(name, HeadDrafter(random_head(target), target.info.vocab_size, name))
+        if name == "corpus":
+            engine.add_drafter(name, CorpusDrafter(own_answers_table(target, tiny_dirs[target.info.name])))
     return engine
+
+
+def own_answers_table(target, path) -> CorpusTable:
+    """A corpus table of the reference's greedy answers to the target's prompts (one table for every prompt, so a
+    context that continues differently in two answers drafts the wrong one in one of them)."""
+    answers = []
+    for prompt in PROMPTS.get(target.info.name, [SAMPLING_PROMPT]):
+        prompt_ids = tuple(target.tokenizer(prompt)["input_ids"])
+        answers.append(((*prompt_ids, *cache_free_greedy(path, prompt_ids, NEW_TOKENS)[0]), len(prompt_ids)))
+    return count_table(answers, target.info.vocab_size, target.info.name, min_count=1)
 
 
 @functools.cache
@@ -127,6 +142,8 @@ def test_greedy_output_equals_the_cache_free_reference(tiny_dirs, name, drafter,
         assert 0 < accepted < drafted  # drafts accepted and rejected both went through the engine
     if drafter in ("other", "head"):
         assert accepted < drafted
+    if drafter == "corpus":
+        assert accepted > 0  # its drafts went through verification
 
 
 # Repeated 6 times, each a prompt 8 to 64 tokens short of the tiny Llama's context. The tiny models are trained by the

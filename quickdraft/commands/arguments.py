@@ -35,9 +35,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=(
             "none, ngram (prompt lookup; ngram:MAX or ngram:MIN-MAX for other suffix sizes than 1-4), "
-            "head (the draft head shipped for the target), head:DIR (one from quickdraft distill), "
-            "a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. ngram,head "
-            "(default: ngram)"
+            "corpus (the table of the target's own frequent continuations shipped for it), corpus:FILE (one from "
+            "quickdraft distill table), head (the draft head shipped for the target), head:DIR (one from quickdraft "
+            "distill), a same-tokenizer draft model name/path, or several joined by commas for --k auto, e.g. "
+            "ngram,head (default: the target's own, see `quickdraft models list`; ngram for any other target)"
         ),
     )
     parser.add_argument(

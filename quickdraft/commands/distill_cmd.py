@@ -1,5 +1,6 @@
 """`quickdraft distill`: train a draft head (or a small standalone draft) from the target's own answers;
-`quickdraft distill export DIR --format speculators|eagle3 --out OUT`: write a head for other engines."""
+`quickdraft distill export DIR --format speculators|eagle3 --out OUT`: write a head for other engines;
+`quickdraft distill table DATA --out FILE`: count a corpus table (the `corpus` drafter's) over those answers."""
 
 import argparse
 import shlex
@@ -10,7 +11,9 @@ import torch
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.distill.data import AnswerConfig
 from quickdraft.distill.pipeline import DistillOptions, distill
+from quickdraft.distill.table import table_from_data
 from quickdraft.distill.train import PRECISIONS, TrainConfig
+from quickdraft.drafters.corpus import MAX_ORDER, MIN_COUNT, save_table
 from quickdraft.drafters.head.files import export, read_identity
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model
@@ -23,7 +26,8 @@ def register(subparsers) -> None:
         description="Generate the target's answers to training prompts (never Spec-Bench's) with the batched "
         "engine, then train an EAGLE-3 draft head on its hidden states. Every stage resumes with --resume. "
         "`quickdraft distill export DIR --format speculators|eagle3 --out OUT` writes a head for vLLM, SGLang or "
-        "llama.cpp's converter.",
+        "llama.cpp's converter. `quickdraft distill table DATA --out FILE` counts the answers into a table for "
+        "the corpus drafter.",
     )
     parser.add_argument("--target", default=DEFAULT_MODEL, help=f"target model name or path (default {DEFAULT_MODEL})")
     parser.add_argument(
@@ -106,7 +110,7 @@ def register(subparsers) -> None:
         help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)",
     )
     parser.set_defaults(func=run)
-    actions = parser.add_subparsers(dest="action", metavar="export")
+    actions = parser.add_subparsers(dest="action", metavar="export|table")
     exporter = actions.add_parser(
         "export",
         help="write a head in the layout vLLM (speculators) or SGLang and llama.cpp's converter (eagle3) load",
@@ -119,6 +123,24 @@ def register(subparsers) -> None:
         "--target", default=None, help="the head's target, to check the head against (default: the one it names)"
     )
     exporter.set_defaults(func=run_export)
+    counter = actions.add_parser(
+        "table",
+        help="count the target's answers into a corpus table (drafter corpus:FILE)",
+        description="Count every answer in a distill data directory: for each context of 1..--max-order tokens "
+        "before an answer token, the token that most often followed and its share.",
+    )
+    counter.add_argument("data", type=Path, metavar="DATA", help="a distill run's data directory (RUN/data)")
+    counter.add_argument("--out", type=Path, required=True, help="the table file to write (.safetensors)")
+    counter.add_argument(
+        "--max-order", type=int, default=MAX_ORDER, help=f"longest context, in tokens (default {MAX_ORDER})"
+    )
+    counter.add_argument(
+        "--min-count",
+        type=int,
+        default=MIN_COUNT,
+        help=f"contexts seen fewer times are left out (default {MIN_COUNT})",
+    )
+    counter.set_defaults(func=run_table)
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -129,6 +151,18 @@ def run_export(args: argparse.Namespace) -> int:
     if name is None:
         raise UsageError(f"{args.head} names no target (no quickdraft.json); pass --target MODEL")
     print(export(args.head, args.out, args.format, load_model(name)))
+    return 0
+
+
+def run_table(args: argparse.Namespace) -> int:
+    if args.min_count < 1:
+        raise UsageError(f"--min-count must be >= 1, got {args.min_count}")
+    table = table_from_data(args.data, args.max_order, args.min_count)
+    save_table(table, args.out)
+    print(
+        f"{args.out}: {len(table.keys)} contexts of 1..{table.max_order} tokens from {table.answer_tokens} answer "
+        f"tokens of {table.target}"
+    )
     return 0
 
 

@@ -25,14 +25,15 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run_list(args: argparse.Namespace) -> int:
-    """Print a table: name, fetched yes/no, description."""
-    statuses = list_models()
-    rows = [("NAME", "FETCHED", "DESCRIPTION")]
-    rows += [(status.name, "yes" if status.fetched else "no", status.description) for status in statuses]
-    name_width = max(len(row[0]) for row in rows)
-    fetched_width = max(len(row[1]) for row in rows)
-    for name, fetched, description in rows:
-        print(f"{name:<{name_width}}  {fetched:<{fetched_width}}  {description}")
+    """Print a table: name, fetched yes/no, default drafters, description."""
+    rows = [("NAME", "FETCHED", "DRAFTER", "DESCRIPTION")]
+    rows += [
+        (status.name, "yes" if status.fetched else "no", status.default_drafter, status.description)
+        for status in list_models()
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        print("  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths)) + "  " + row[3])
     return 0
 
 

@@ -22,6 +22,7 @@ from quickdraft.config import SpecConfig
 from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
 from quickdraft.models.loading import check_device
+from quickdraft.models.registry import default_drafter
 from quickdraft.server.settings import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_READ_TIMEOUT,
@@ -111,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     warning = exposure_warning(args.host, settings.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    SpecConfig(drafter=args.drafter or "ngram", k=args.k, k_max=args.k_max)  # checked before listening
+    SpecConfig(
+        drafter=args.drafter or default_drafter(args.model), k=args.k, k_max=args.k_max
+    )  # checked before listening
     check_device(args.device)
     _check_port(args.port)
     app = create_app(settings)

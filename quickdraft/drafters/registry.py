@@ -1,4 +1,5 @@
-"""Drafters built by name: `none`, `ngram[:OPTIONS]`, `head[:DIR]`, a draft model, or a plug-in kind.
+"""Drafters built by name: `none`, `ngram[:OPTIONS]`, `corpus[:FILE]`, `head[:DIR]`, a draft model, or a plug-in
+kind.
 
 A drafter name is `KIND` or `KIND:ARGUMENT`; the argument is the kind's own business (n-gram
 sizes, a head directory). A name that is no kind is a draft model's name or path. Each kind
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quickdraft.drafters.base import Drafter, DrafterLoadOptions
+from quickdraft.drafters.corpus import CorpusDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.head.drafter import HeadDrafter
 from quickdraft.drafters.ngram import NgramDrafter, parse_sizes
@@ -36,6 +38,7 @@ class DrafterKind:
 BUILTIN_KINDS: dict[str, DrafterKind] = {
     "none": DrafterKind(NoDrafter.from_argument, loads_model=False, check=NoDrafter.check_argument),
     "ngram": DrafterKind(NgramDrafter.from_argument, loads_model=False, check=parse_sizes),
+    "corpus": DrafterKind(CorpusDrafter.from_argument, loads_model=True),
     "head": DrafterKind(HeadDrafter.from_argument, loads_model=True),
     MODEL_KIND: DrafterKind(DraftModelDrafter.from_argument, loads_model=True),
 }

@@ -28,6 +28,7 @@ class BuiltinModel:
     license: str
     description: str
     hub_id: str  # the Hugging Face repository the GGUF was quantized from (what other engines load as the verifier)
+    default_drafter: str  # what speculates when no drafter is named (SpecConfig.drafter), measured for this model
 
 
 _SMOLLM2 = BuiltinModel(
@@ -39,6 +40,7 @@ _SMOLLM2 = BuiltinModel(
     license="Apache-2.0",
     description="SmolLM2 135M Instruct (Llama architecture, 30 layers, vocab 49,152, chat template)",
     hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    default_drafter="ngram,corpus",  # BENCHMARKS.md, "Corpus lookup"
 )
 
 _GEMMA3 = BuiltinModel(
@@ -56,9 +58,17 @@ _GEMMA3 = BuiltinModel(
     license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
     description="Gemma 3 270M base, not instruction-tuned (18 layers, vocab 262,144)",
     hub_id="google/gemma-3-270m",
+    default_drafter="ngram,corpus",  # BENCHMARKS.md, "Corpus lookup"
 )
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {model.name: model for model in (_SMOLLM2, _GEMMA3)}
+
+
+def default_drafter(name_or_path: str) -> str:
+    """The drafters a target speculates with when none are named: a built-in model's own, n-gram lookup for any
+    other target (it needs nothing made for the target)."""
+    model = BUILTIN_MODELS.get(name_or_path)
+    return model.default_drafter if model is not None else "ngram"
 
 
 def hub_name(name_or_path: str) -> str:

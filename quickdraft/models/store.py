@@ -39,6 +39,7 @@ class ModelStatus:
 
     name: str
     description: str
+    default_drafter: str  # what speculates when no drafter is named
     fetched: bool  # fetched and converted: loading it needs no network and no conversion
     path: Path  # the converted directory (exists only when fetched)
 
@@ -134,7 +135,13 @@ def list_models() -> list[ModelStatus]:
     """The built-in models and whether each is fetched and converted in the cache."""
     root = cache_dir() / "models"
     return [
-        ModelStatus(model.name, model.description, _is_converted(root / model.name, model.sha256), root / model.name)
+        ModelStatus(
+            model.name,
+            model.description,
+            model.default_drafter,
+            _is_converted(root / model.name, model.sha256),
+            root / model.name,
+        )
         for model in BUILTIN_MODELS.values()
     ]
 

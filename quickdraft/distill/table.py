@@ -1,0 +1,15 @@
+"""A corpus table (`drafters.corpus`) counted over self-distillation data: the target's own answers."""
+
+import json
+from pathlib import Path
+
+from quickdraft.distill.data import MANIFEST, load_shards
+from quickdraft.drafters.corpus import CorpusTable, count_table
+
+
+def table_from_data(data_dir: Path, max_order: int, min_count: int) -> CorpusTable:
+    """Count every answer of every shard in `data_dir` (a `quickdraft distill` run's data directory)."""
+    shards = load_shards(data_dir)  # refuses a directory without data
+    target = json.loads((data_dir / MANIFEST).read_text())["target"]
+    answers = ((tokens.tolist(), start) for shard in shards for _, tokens, start in shard.sequences())
+    return count_table(answers, target["vocab_size"], target["name"], max_order, min_count)
