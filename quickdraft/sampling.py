@@ -13,6 +13,7 @@ import secrets
 
 import torch
 
+from quickdraft.categorical import draw
 from quickdraft.config import SamplingParams
 
 
@@ -51,13 +52,8 @@ def _mask_outside_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row from probabilities [n, vocab] -> token ids [n] (int64)."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
     """Pick one token per row of logits [n, vocab] -> [n]: argmax when greedy, else a warped sample."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    return sample(warp(logits, params), generator)
+    return draw(warp(logits, params), generator)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.categorical import draw
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -85,7 +87,7 @@ def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor)
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(draw(probs[None], generator)[0])
 
 
 def _leading_true(mask: torch.Tensor) -> int:

@@ -255,6 +255,13 @@ MUTANTS = [
         ("tests/test_corpus.py", "-k", "most_frequent"),
     ),
     Mutant(
+        "categorical-draw-ignores-the-row-total",
+        "quickdraft/categorical.py",
+        "point = torch.minimum(uniform * total, below_total)",
+        "point = torch.minimum(uniform, below_total)",
+        ("tests/test_sampling.py", "-k", "draws_follow"),
+    ),
+    Mutant(
         "prefill-in-arrival-order",
         "quickdraft/running.py",
         "return len(self.output.prompt_ids) - self.prefilled - step_tokens * self.prefill_steps",

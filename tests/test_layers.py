@@ -1,6 +1,7 @@
 """The package's import structure runs downward: each module imports only layers below its own.
 
-Layers, from the bottom: plain values and errors; configuration and text; models, sampling and a
+Layers, from the bottom: errors and categorical draws; plain values and pure functions (verification,
+statistics, acceptance); configuration and text; models, sampling and a
 request's output; drafters; costs; the controller; a running request; the engine; the engine's
 asyncio wrapper and the measurement toolkit; the tools built on the engine (bench, distill, server,
 each on its own); the commands; the CLI. Modules of one package may import each other. An import
@@ -13,7 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "quickdraft"
 LAYERS = [
     ("quickdraft",),  # the package's __init__: lazy re-exports only
-    ("quickdraft.errors", "quickdraft.verify", "quickdraft.stats", "quickdraft.acceptance"),
+    ("quickdraft.errors", "quickdraft.categorical"),
+    ("quickdraft.verify", "quickdraft.stats", "quickdraft.acceptance"),
     ("quickdraft.config", "quickdraft.text"),
     ("quickdraft.models", "quickdraft.sampling", "quickdraft.output"),
     ("quickdraft.drafters",),

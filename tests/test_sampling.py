@@ -1,7 +1,9 @@
 import pytest
 import torch
+from scipy.stats import chisquare
 
 from quickdraft import sampling
+from quickdraft.categorical import draw
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.errors import UsageError
 
@@ -45,10 +47,47 @@ def test_seeded_generator_is_reproducible_and_leaves_global_rng_alone():
     probs = torch.softmax(torch.randn(4, 50), dim=-1)
     torch.manual_seed(0)
     global_state = torch.get_rng_state()
-    first = sampling.sample(probs, sampling.make_generator(7))
-    second = sampling.sample(probs, sampling.make_generator(7))
+    first = draw(probs, sampling.make_generator(7))
+    second = draw(probs, sampling.make_generator(7))
     assert torch.equal(first, second)
     assert torch.equal(torch.get_rng_state(), global_state)
+
+
+# Two rows drawn in one call, neither normalised (a residual's mass is whatever is left), with zero-probability
+# tokens inside and at the end of the vocabulary.
+ROWS = torch.tensor([[0.2, 0.0, 0.6, 0.1, 0.5, 0.0, 0.3, 0.0], [0.0, 0.9, 0.05, 0.0, 0.0, 0.35, 0.0, 0.7]])
+DRAWS = 20_000
+
+
+def law_p_values(draw_rows) -> list[float]:
+    """Each row's chi-square p-value of DRAWS draws of `draw_rows` (all rows at once each time) against the row's
+    own normalised law; a token of zero probability drawn even once fails at once (p-value 0)."""
+    generator = torch.Generator().manual_seed(11)
+    counts = torch.zeros_like(ROWS)
+    for _ in range(DRAWS // 100):
+        drawn = torch.stack([draw_rows(ROWS, generator) for _ in range(100)])  # [100, rows]
+        counts += torch.nn.functional.one_hot(drawn, ROWS.shape[1]).sum(0)
+    p_values = []
+    for row, count in zip(ROWS, counts):
+        if count[row == 0].sum() > 0:
+            p_values.append(0.0)
+            continue
+        kept = row > 0
+        p_values.append(float(chisquare(count[kept], row[kept] / row.sum() * DRAWS).pvalue))
+    return p_values
+
+
+def test_draws_follow_each_rows_law_and_never_a_zero_probability_token():
+    assert min(law_p_values(draw)) > 1e-3
+
+
+def test_negative_control_a_draw_that_assumes_normalised_rows_fails_the_law_test():
+    def assumes_sum_one(probs, generator):
+        cumulative = probs.double().cumsum(-1)
+        uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64)
+        return torch.searchsorted(cumulative, uniform, right=True).squeeze(-1)
+
+    assert min(law_p_values(assumes_sum_one)) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from quickdraft import sampling
+from quickdraft.categorical import draw
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.errors import UsageError
@@ -62,7 +63,7 @@ class DraftModelDrafter(Drafter):
         rows: list[torch.Tensor] = []
         for step in range(k):
             probs = sampling.warp(self._fit_vocab(logits)[None], self._params)[0]  # [target_vocab]
-            token = int(probs.argmax()) if self._params.greedy else int(sampling.sample(probs[None], self._generator))
+            token = int(probs.argmax()) if self._params.greedy else int(draw(probs[None], self._generator))
             tokens.append(token)
             rows.append(probs)
             if step < k - 1:

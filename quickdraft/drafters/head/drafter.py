@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from quickdraft import sampling
+from quickdraft.categorical import draw
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, DrafterLoadOptions
 from quickdraft.drafters.head.files import load_head
@@ -105,7 +106,7 @@ class HeadDrafter(Drafter):
         full = logits.new_full((self.target_vocab_size,), float("-inf"))  # [target_vocab]
         full[self.vocab_ids] = logits
         probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
-        return int(sampling.sample(probs[None], self._generator)), probs
+        return int(draw(probs[None], self._generator)), probs
 
 
 def head_directory(argument: str, target_name: str) -> Path:
