@@ -492,6 +492,20 @@ def test_distill_table_counts_the_runs_answers_into_a_table_the_target_drafts_wi
     assert "--min-count must be >= 1, got 0" in capsys.readouterr().err
 
 
+def test_table_kind_writes_the_data_then_counts_it_and_trains_nothing(tiny_dirs, tiny_models, prompts_file, tmp_path):
+    out = tmp_path / "table-run"
+    common = ["--target", str(tiny_dirs["llama"]), "--out", str(out), "--prompts", str(prompts_file)]
+    assert main(["distill", *common, "--tokens", "150", "--max-new-tokens", "16", "--kind", "table"]) == 0
+    assert sorted(path.name for path in out.iterdir()) == ["data", "table.safetensors"]  # no states, no head
+    table = load_table(out / "table.safetensors")
+    assert table.answer_tokens == sum(shard.answer_tokens for shard in load_shards(out / "data")) >= 150
+    assert main(["distill", "table", str(out / "data"), "--out", str(tmp_path / "again.safetensors")]) == 0
+    assert torch.equal(load_table(tmp_path / "again.safetensors").keys, table.keys)
+    engine = Engine(tiny_models["llama"], SpecConfig(drafter=f"corpus:{out / 'table.safetensors'}", k=3))
+    expected = Engine(tiny_models["llama"], SpecConfig(drafter="none")).generate("the quick", SamplingParams())
+    assert engine.generate("the quick", SamplingParams()).token_ids == expected.token_ids
+
+
 def test_distill_export_writes_each_layout_and_refuses_a_used_directory(distilled, tmp_path, capsys):
     """`quickdraft distill export` names its target from quickdraft.json; the written head loads back."""
     options, out = distilled

@@ -11,9 +11,9 @@ import torch
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.distill.data import AnswerConfig
 from quickdraft.distill.pipeline import DistillOptions, distill
-from quickdraft.distill.table import table_from_data
+from quickdraft.distill.table import write_table
 from quickdraft.distill.train import PRECISIONS, TrainConfig
-from quickdraft.drafters.corpus import MAX_ORDER, MIN_COUNT, save_table
+from quickdraft.drafters.corpus import MAX_ORDER, MIN_COUNT
 from quickdraft.drafters.head.files import export, read_identity
 from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model
@@ -53,9 +53,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--kind",
-        choices=["head", "standalone"],
+        choices=["head", "standalone", "table"],
         default="head",
-        help="head (default), or standalone: a small full-vocabulary Llama saved as a transformers model",
+        help="head (default); standalone: a small full-vocabulary Llama saved as a transformers model; table: the "
+        "answers counted into a corpus table, OUT/table.safetensors (--drafter ngram,corpus:OUT/table.safetensors)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap (default 128)")
     parser.add_argument(
@@ -157,8 +158,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_table(args: argparse.Namespace) -> int:
     if args.min_count < 1:
         raise UsageError(f"--min-count must be >= 1, got {args.min_count}")
-    table = table_from_data(args.data, args.max_order, args.min_count)
-    save_table(table, args.out)
+    table = write_table(args.data, args.out, args.max_order, args.min_count)
     print(
         f"{args.out}: {len(table.keys)} contexts of 1..{table.max_order} tokens from {table.answer_tokens} answer "
         f"tokens of {table.target}"

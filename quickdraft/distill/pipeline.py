@@ -8,6 +8,7 @@ Layout of the output directory:
     DIR/config.json, DIR/model.safetensors, DIR/quickdraft.json, DIR/README.md   the head (kind "head",
                         in the speculators layout: drafters/head/files.py)
     DIR/standalone/     a transformers model directory (kind "standalone")
+    DIR/table.safetensors   the answers counted into a corpus table (kind "table": no states, no training)
 
 Every stage resumes: data appends shards up to --tokens, states fill in the missing shards, training
 continues from its checkpoint.
@@ -27,6 +28,7 @@ from quickdraft.distill import card, evaluation
 from quickdraft.distill.data import AnswerConfig, generate_shards, load_shards, shard_files, writing_rate
 from quickdraft.distill.prompts import load_training_prompts
 from quickdraft.distill.states import ensure_states, states_seconds
+from quickdraft.distill.table import write_table
 from quickdraft.distill.train import (
     HELDOUT_EVERY,
     HeadObjective,
@@ -37,6 +39,7 @@ from quickdraft.distill.train import (
     split_examples,
 )
 from quickdraft.distill.vocab import VocabChoice, choose_vocab, count_tokens, coverage, prompt_counts
+from quickdraft.drafters.corpus import MAX_ORDER, MIN_COUNT
 from quickdraft.drafters.head.files import build_head, load_head, save_head
 from quickdraft.drafters.head.identity import target_identity
 from quickdraft.drafters.head.model import DraftHead, HeadConfig, default_aux_layers
@@ -46,7 +49,8 @@ from quickdraft.models.loading import LoadedModel, load_model
 from quickdraft.models.registry import hub_name
 from quickdraft.models.single_slot import batch_view
 
-Kind = Literal["head", "standalone"]
+Kind = Literal["head", "standalone", "table"]
+TABLE_FILE = "table.safetensors"
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,10 @@ def distill(options: DistillOptions) -> Path:
         identity,
         progress=_data_progress(time.perf_counter()),
     )
+    if options.kind == "table":
+        table = write_table(options.out / "data", options.out / TABLE_FILE, MAX_ORDER, MIN_COUNT)
+        _say(f"table: {table.keys.numel()} contexts from {table.answer_tokens} answer tokens")
+        return options.out / TABLE_FILE
     shards = load_shards(options.out / "data")
     start = load_head(options.init_head, target) if options.init_head else None  # the head a fine-tune starts from
     num_layers = target.config.get_text_config().num_hidden_layers

@@ -4,12 +4,15 @@ import json
 from pathlib import Path
 
 from quickdraft.distill.data import MANIFEST, load_shards
-from quickdraft.drafters.corpus import CorpusTable, count_table
+from quickdraft.drafters.corpus import CorpusTable, count_table, save_table
 
 
-def table_from_data(data_dir: Path, max_order: int, min_count: int) -> CorpusTable:
-    """Count every answer of every shard in `data_dir` (a `quickdraft distill` run's data directory)."""
+def write_table(data_dir: Path, path: Path, max_order: int, min_count: int) -> CorpusTable:
+    """Count every answer of every shard in `data_dir` (a `quickdraft distill` run's data directory) into a table,
+    saved at `path`."""
     shards = load_shards(data_dir)  # refuses a directory without data
     target = json.loads((data_dir / MANIFEST).read_text())["target"]
     answers = ((tokens.tolist(), start) for shard in shards for _, tokens, start in shard.sequences())
-    return count_table(answers, target["vocab_size"], target["name"], max_order, min_count)
+    table = count_table(answers, target["vocab_size"], target["name"], max_order, min_count)
+    save_table(table, path)
+    return table
