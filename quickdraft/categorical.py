@@ -3,8 +3,8 @@
 Each row is drawn by inverting its cumulative distribution at one uniform number: the cumulative sums are taken
 in float64 (so a float32 row's interval boundaries carry no rounding that matters) and the draw is the first
 token whose cumulative sum exceeds the uniform number scaled to the row's total, which a zero-probability token
-never is. torch.multinomial draws one exponential per vocabulary entry instead: about 0.8 ms a row for a
-49,152-token vocabulary on CPU, a quarter of a small target's whole step.
+never is. torch.multinomial draws one exponential per vocabulary entry instead, many times slower on CPU
+(`scripts/draw_cost.py`).
 """
 
 import torch
