@@ -29,9 +29,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from quickdraft.acceptance import outcomes
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.config import SamplingParams
 from quickdraft.distill.data import load_shards
+from quickdraft.distill.table import shard_answers
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.corpus import CorpusDrafter, count_table, load_table, table_path
 from quickdraft.drafters.ngram import NgramDrafter
@@ -77,8 +79,7 @@ def main() -> None:
         shards = load_shards(REPO / "data" / "distill" / args.model)
         for fraction in (float(f) for f in args.table_fractions.split(",")):
             taken = shards[: max(1, round(len(shards) * fraction))]
-            sequences = ((tokens.tolist(), start) for shard in taken for _, tokens, start in shard.sequences())
-            table = count_table(sequences, shipped.vocab_size, args.model)
+            table = count_table(shard_answers(taken), shipped.vocab_size, args.model)
             label = (
                 f"{len(taken)} of {len(shards)} shards: {table.answer_tokens} answer tokens, {len(table.keys)} contexts"
             )
@@ -117,10 +118,7 @@ def proposals(drafter, answers: list[tuple[list[int], list[int]]], k: int) -> li
 
 def kept(draft: tuple[int, ...], answer: list[int], t: int) -> int:
     """Draft tokens greedy verification keeps at position t: the common prefix with the answer from t."""
-    m = 0
-    while m < len(draft) and t + m < len(answer) and draft[m] == answer[t + m]:
-        m += 1
-    return m
+    return sum(outcomes(draft, answer[t : t + len(draft)]))
 
 
 def first_token_acceptance(drafts: list[list[Draft]], answers) -> dict[str, tuple[float, float]]:
