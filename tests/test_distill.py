@@ -28,9 +28,11 @@ from quickdraft.distill.train import (
     HeadObjective,
     TrainConfig,
     Trainer,
+    answer_tokens,
     bfloat16_products,
     evaluate,
     split_examples,
+    split_of,
 )
 from quickdraft.distill.vocab import choose_vocab, count_tokens
 from quickdraft.drafters.corpus import load_table
@@ -320,7 +322,7 @@ def test_distill_killed_while_writing_data_resumes_losing_no_shard_and_reading_n
     out, data = tmp_path / "run", tmp_path / "run" / "data"
     command = [sys.executable, "-m", "quickdraft", "distill", "--target", str(tiny_dirs["llama"]), "--out", str(out)]
     command += ["--prompts", str(prompts), "--tokens", "1000000", "--max-new-tokens", "8", "--batch-size", "32"]
-    command += ["--epochs", "1", "--eval-prompts", "1", "--threads", "1"]
+    command += ["--epochs", "1", "--eval-prompts", "1", "--threads", "1", "--resample-temperature", "0"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
@@ -396,6 +398,44 @@ def test_train_on_prompts_counts_prompt_pairs_in_training_only(distilled):
     assert all(e.first_pair == 0 for e in with_prompts_train)
     assert all(e.first_pair > 0 for e in answers_train)
     assert [e.first_pair for e in with_prompts_heldout] == [e.first_pair for e in answers_heldout]
+
+
+def test_data_past_the_greedy_pass_samples_every_prompt_again_reproducibly_and_never_holds_it_out(
+    tiny_models, prompts_file, tmp_path
+):
+    """Asking for more tokens than one greedy answer per prompt holds: pass 1 answers the same prompts sampled,
+    each answer the one its seed gives the request alone; held-out figures stay on greedy answers, and a held-out
+    prompt's sampled answer is trained on nowhere. With resampling off the data stops after the greedy pass."""
+    target = tiny_models["llama"]
+    prompts = load_training_prompts(prompts_file)
+    identity = target_identity(target)
+    greedy_only = replace(TINY_GENERATION, resample_temperature=0.0)
+
+    def writer() -> Engine:
+        return Engine(target, SpecConfig(drafter="none"), max_batch=TINY_GENERATION.batch_size)
+
+    one_pass = generate_shards(writer, prompts, tmp_path / "greedy", 10**6, greedy_only, identity)
+    total = generate_shards(writer, prompts, tmp_path / "more", one_pass + 1, TINY_GENERATION, identity)
+    shards = load_shards(tmp_path / "more")
+    passes = [entry["pass"] for entry in json.loads((tmp_path / "more" / "manifest.json").read_text())["shards"]]
+    assert passes == [0, 0, 0, 1] and [s.answer_pass for s in shards] == passes and total > one_pass
+    greedy = {i: tokens[start:].tolist() for s in shards[:3] for i, tokens, start in s.sequences()}
+    sampled = {i: tokens[start:].tolist() for i, tokens, start in shards[3].sequences()}
+    assert sorted(sampled) == sorted(i for i in greedy if i < TINY_GENERATION.chunk_prompts)
+    assert sum(sampled[i] != greedy[i] for i in sampled) > len(sampled) // 2  # temperature 0.7, not greedy
+    alone = Engine(target, SpecConfig(drafter="none"))
+    for i in list(sampled)[:3]:
+        params = TINY_GENERATION.sampling(1, i, len(prompts))
+        assert params.temperature == 0.7 and params.seed == len(prompts) + i
+        ids = alone.encode(prompts[i], chat=bool(target.tokenizer.chat_template))
+        assert list(alone.generate(ids, params).token_ids) == sampled[i]
+    held_out_prompts = [i for i in sampled if split_of(i, 0) == "heldout"]
+    assert held_out_prompts and all(split_of(i, 1) is None for i in held_out_prompts)
+    train_greedy, heldout_greedy = answer_tokens(shards[:3])
+    train_all, heldout_all = answer_tokens(shards)
+    assert len(heldout_all) == len(heldout_greedy) and len(train_all) == len(train_greedy) + len(sampled) - len(
+        held_out_prompts
+    )
 
 
 def test_prompts_that_appear_in_specbench_are_dropped(tmp_path):

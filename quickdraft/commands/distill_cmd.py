@@ -67,6 +67,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--max-prompt-tokens", type=int, default=256, help="longer prompts are skipped (default 256)")
     parser.add_argument(
+        "--resample-temperature",
+        type=float,
+        default=0.7,
+        help="once every prompt has its greedy answer, further passes answer the prompts again sampled at this "
+        "temperature (seeded), until --tokens is reached (default 0.7; 0: stop after the greedy pass)",
+    )
+    parser.add_argument(
         "--intermediate-size", type=int, default=None, help="the head's MLP width (default: the target's)"
     )
     parser.add_argument("--epochs", type=float, default=4.0, help="passes over the training split (default 4)")
@@ -180,6 +187,8 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
     for name in ("tokens", "max_new_tokens", "batch_size", "unroll", "max_prompt_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.resample_temperature < 0:
+        raise UsageError(f"--resample-temperature must be >= 0, got {args.resample_temperature}; 0 turns it off")
     return DistillOptions(
         target=args.target,
         out=args.out,
@@ -193,6 +202,7 @@ def options_from(args: argparse.Namespace) -> DistillOptions:
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             max_prompt_tokens=args.max_prompt_tokens,
+            resample_temperature=args.resample_temperature,
         ),
         training=TrainConfig(
             epochs=args.epochs,
@@ -230,6 +240,7 @@ def command_line(args: argparse.Namespace) -> str:
         "kind",
         "max_new_tokens",
         "max_prompt_tokens",
+        "resample_temperature",
         "batch_size",
         "intermediate_size",
         "epochs",

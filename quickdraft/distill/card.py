@@ -38,6 +38,8 @@ def data_facts(shards: list[Shard], files: list[str], train: list[Example], held
         "sequences": sum(len(s.lengths) for s in shards),
         "answer_tokens": sum(s.answer_tokens for s in shards),
         "all_tokens": sum(int(s.lengths.sum()) for s in shards),
+        "sampled_answer_tokens": sum(s.answer_tokens for s in shards if s.answer_pass > 0),
+        "sampled_passes": max(s.answer_pass for s in shards),
         "train_sequences": len(train),
         "heldout_sequences": len(heldout),
     }
@@ -94,7 +96,16 @@ def render(facts: Facts) -> str:
         f"{data['sequences']} sequences in {data['shards']} shards ({data['files']}): "
         f"{data['answer_tokens']} answer tokens",
         f"({data['all_tokens']} with prompts); held-out split {data['heldout_sequences']} sequences "
-        "(prompt index % 20 == 0).",
+        "(prompt index % 20 == 0, greedy answers only).",
+        *(
+            [
+                f"{data['sampled_answer_tokens']} of the answer tokens come from {data['sampled_passes']} further "
+                f"pass(es) over the prompts, sampled at temperature {facts.generation.resample_temperature} "
+                "(one seed per pass and prompt) once every prompt had its greedy answer."
+            ]
+            if data["sampled_passes"]
+            else []
+        ),
         f"Reduced vocabulary: {len(facts.vocab.ids)} tokens ranked by frequency in the training split's answers "
         "(prompts rank",
         "the rest, see vocab.py); coverage of answer",

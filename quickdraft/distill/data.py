@@ -14,6 +14,12 @@ Prompts are taken in fixed chunks of the (shuffled, fixed) prompt list; each chu
 file `shard-NNNNN.safetensors` under `DIR/data`, and `manifest.json` lists the shards. A rerun appends
 shards after the last complete one (a shard is written to a temporary name and renamed), until the
 answers hold at least the requested number of tokens.
+
+The first pass over the prompt list answers greedily. When the answers must hold more tokens than one
+answer a prompt gives, further passes answer every prompt again, sampled at `resample_temperature` with a
+seed fixed by (pass, prompt): more of the target's own text on the same prompts, and text of the kind it
+writes when a request samples. Each shard's manifest entry records its pass; the held-out split keeps
+pass 0 (greedy answers) only, so held-out figures mean the same whatever the data's size.
 """
 
 import hashlib
@@ -44,6 +50,7 @@ class AnswerConfig:
     batch_size: int = 32  # requests the engine runs at once
     chunk_prompts: int = 256  # prompts per shard
     max_prompt_tokens: int = 256  # longer prompts are skipped
+    resample_temperature: float = 0.7  # passes after the greedy one sample at this; 0: one greedy pass only
 
     def identity(self) -> dict:
         """The settings the answers depend on (recorded in the manifest)."""
@@ -51,7 +58,18 @@ class AnswerConfig:
             "max_new_tokens": self.max_new_tokens,
             "chunk_prompts": self.chunk_prompts,
             "max_prompt_tokens": self.max_prompt_tokens,
+            "resample_temperature": self.resample_temperature,
         }
+
+    def sampling(self, answer_pass: int, prompt_index: int, prompts: int) -> SamplingParams:
+        """Pass 0 answers greedily; pass p > 0 samples prompt i with seed p * prompts + i (one seed each)."""
+        if answer_pass == 0:
+            return SamplingParams(max_new_tokens=self.max_new_tokens)
+        return SamplingParams(
+            temperature=self.resample_temperature,
+            seed=answer_pass * prompts + prompt_index,
+            max_new_tokens=self.max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,7 @@ class Shard:
     lengths: torch.Tensor  # [S] int64
     answer_starts: torch.Tensor  # [S] int64: index of each sequence's first answer token
     prompt_indices: torch.Tensor  # [S] int64: index in the prompt list
+    answer_pass: int  # 0: greedy answers; p > 0: the p-th sampled pass over the prompts (the manifest's)
 
     def sequences(self) -> Iterator[tuple[int, torch.Tensor, int]]:
         """(prompt_index, tokens [T] int64, answer_start) per sequence."""
@@ -72,6 +91,9 @@ class Shard:
     @property
     def answer_tokens(self) -> int:
         return int((self.lengths - self.answer_starts).sum())
+
+
+SHARD_TENSORS = ("tokens", "lengths", "answer_starts", "prompt_indices")  # what a shard file holds
 
 
 def prompt_list_digest(prompts: list[str]) -> str:
@@ -95,32 +117,38 @@ def generate_shards(
     """
     manifest = _open_manifest(data_dir, prompts, config, identity)
     total = sum(entry["answer_tokens"] for entry in manifest["shards"])
-    next_chunk = len(manifest["shards"])
+    next_shard = len(manifest["shards"])
+    chunks_per_pass = -(-len(prompts) // config.chunk_prompts)
     engine = None
     while total < target_tokens:
-        first = next_chunk * config.chunk_prompts
-        if first >= len(prompts):
-            print(f"prompts exhausted after {total} answer tokens", flush=True)
+        answer_pass, chunk_number = divmod(next_shard, chunks_per_pass)
+        if answer_pass > 0 and config.resample_temperature == 0:
+            print(f"prompts exhausted after {total} answer tokens (resampling is off)", flush=True)
             break
+        first = chunk_number * config.chunk_prompts
         chunk = list(range(first, min(first + config.chunk_prompts, len(prompts))))
         engine = engine or load_engine()
         started = time.perf_counter()
-        shard = answer_chunk(engine, prompts, chunk, config)
-        entry = _write_shard(data_dir, next_chunk, shard) | {"seconds": round(time.perf_counter() - started, 2)}
+        shard = answer_chunk(engine, prompts, chunk, config, answer_pass)
+        entry = _write_shard(data_dir, next_shard, shard) | {
+            "pass": answer_pass,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
         manifest["shards"].append(entry)
         write_json(data_dir / MANIFEST, manifest)
         total += entry["answer_tokens"]
-        next_chunk += 1
+        next_shard += 1
         progress(total, target_tokens)
     return total
 
 
-def answer_chunk(engine: Engine, prompts: list[str], chunk: list[int], config: AnswerConfig) -> Shard:
-    """The target's greedy answers to prompts[i] for i in chunk (in the chat template when it has one)."""
+def answer_chunk(engine: Engine, prompts: list[str], chunk: list[int], config: AnswerConfig, answer_pass: int) -> Shard:
+    """The target's answers to prompts[i] for i in chunk (in the chat template when it has one), greedy in pass 0
+    and sampled in later passes (`AnswerConfig.sampling`)."""
     chat = bool(engine.target.tokenizer.chat_template)
     encoded = {i: engine.encode(prompts[i], chat=chat) for i in chunk}
     kept = [i for i in chunk if len(encoded[i]) <= config.max_prompt_tokens]
-    params = SamplingParams(max_new_tokens=config.max_new_tokens)
+    params = [config.sampling(answer_pass, i, len(prompts)) for i in kept]
     answers: dict[int, tuple[int, ...]] = {}
     for index, event in engine.stream_many([encoded[i] for i in kept], params):
         if isinstance(event, Failed):
@@ -128,10 +156,10 @@ def answer_chunk(engine: Engine, prompts: list[str], chunk: list[int], config: A
         if isinstance(event, Finished):
             answers[kept[index]] = event.token_ids
     sequences = [(i, encoded[i], answers[i]) for i in kept if answers[i]]
-    return pack(sequences)
+    return pack(sequences, answer_pass)
 
 
-def pack(sequences: list[tuple[int, list[int], tuple[int, ...]]]) -> Shard:
+def pack(sequences: list[tuple[int, list[int], tuple[int, ...]]], answer_pass: int) -> Shard:
     """(prompt index, prompt ids, answer ids) per sequence -> one shard."""
     flat = [token for _, prompt, answer in sequences for token in (*prompt, *answer)]
     return Shard(
@@ -139,6 +167,7 @@ def pack(sequences: list[tuple[int, list[int], tuple[int, ...]]]) -> Shard:
         lengths=torch.tensor([len(p) + len(a) for _, p, a in sequences], dtype=torch.long),
         answer_starts=torch.tensor([len(p) for _, p, _ in sequences], dtype=torch.long),
         prompt_indices=torch.tensor([i for i, _, _ in sequences], dtype=torch.long),
+        answer_pass=answer_pass,
     )
 
 
@@ -163,7 +192,7 @@ def load_shards(data_dir: Path) -> list[Shard]:
     if not path.exists():
         raise UsageError(f"no training data in {data_dir}; run quickdraft distill to write it first")
     manifest = json.loads(path.read_text())
-    return [_read_shard(data_dir / entry["file"]) for entry in manifest["shards"]]
+    return [_read_shard(data_dir / entry["file"], entry.get("pass", 0)) for entry in manifest["shards"]]
 
 
 def writing_rate(data_dir: Path) -> tuple[int, float]:
@@ -179,13 +208,13 @@ def shard_files(data_dir: Path) -> list[str]:
 
 def _write_shard(data_dir: Path, number: int, shard: Shard) -> dict:
     name = f"shard-{number:05d}.safetensors"
-    save_tensors(data_dir / name, {field: getattr(shard, field).contiguous() for field in Shard.__dataclass_fields__})
+    save_tensors(data_dir / name, {field: getattr(shard, field).contiguous() for field in SHARD_TENSORS})
     return {"file": name, "sequences": len(shard.lengths), "answer_tokens": shard.answer_tokens}
 
 
-def _read_shard(path: Path) -> Shard:
+def _read_shard(path: Path, answer_pass: int) -> Shard:
     tensors = load_file(str(path))
-    return Shard(**{field: tensors[field] for field in Shard.__dataclass_fields__})
+    return Shard(**{field: tensors[field] for field in SHARD_TENSORS}, answer_pass=answer_pass)
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -22,7 +22,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -119,13 +119,23 @@ def split_examples(
             end = offset + len(tokens)
             aux, final = shard_states.aux[offset:end], shard_states.final[offset:end]
             offset = end
-            if len(tokens) - answer_start < 2:
+            split = split_of(prompt_index, shard.answer_pass)
+            if len(tokens) - answer_start < 2 or split is None:
                 continue
-            if prompt_index % HELDOUT_EVERY == 0:
+            if split == "heldout":
                 heldout.append(make_example(tokens, aux, final, answer_start))
             else:
                 train.append(make_example(tokens, aux, final, 1 if train_on_prompts else answer_start))
     return train, heldout
+
+
+def split_of(prompt_index: int, answer_pass: int) -> Literal["train", "heldout"] | None:
+    """Where a sequence goes: the other prompts' answers (every pass) train; a held-out prompt's greedy answer
+    (pass 0) is held out; its sampled answers go nowhere, so held-out figures stay on greedy answers and no
+    held-out prompt is trained on."""
+    if prompt_index % HELDOUT_EVERY != 0:
+        return "train"
+    return "heldout" if answer_pass == 0 else None
 
 
 def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -133,7 +143,9 @@ def answer_tokens(shards: list[Shard]) -> tuple[list[torch.Tensor], list[torch.T
     train, heldout = [], []
     for shard in shards:
         for prompt_index, tokens, answer_start in shard.sequences():
-            (heldout if prompt_index % HELDOUT_EVERY == 0 else train).append(tokens[answer_start:])
+            split = split_of(prompt_index, shard.answer_pass)
+            if split is not None:
+                (heldout if split == "heldout" else train).append(tokens[answer_start:])
     return train, heldout
 
 
