@@ -94,8 +94,9 @@ def test_block_product_is_the_int8_activation_product_of_the_exact_weights(kind,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("outputs", [70, 78])  # 9 panels, the last of 6 columns alone; 10, the last in a pair
 def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind, dtype, outputs):
-    """A row is the same bits alone, among 1..39 others (on AVX-512 VNNI, 5 rows or more take panels in pairs, and an
-    8-bit product of up to 8 rows takes them in one pass, of more in passes of 4) and on 1 thread."""
+    """A row is the same bits alone, among 1..39 others (on AVX-512 VNNI, 4 rows or more take panels in pairs, 6 or
+    more on Zen 4 (`pair_rows`), and an 8-bit product of up to 8 rows takes them in one pass, of more in passes of 4)
+    and on 1 thread."""
     product, _ = random_matrix(kind, outputs, 512, seed=2)
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(4)).to(dtype)
     together = product(x)
@@ -154,6 +155,22 @@ def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatc
         instruction_sets()
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "portable")
     assert instruction_sets() == ("portable",)
+
+
+def test_zen_4_takes_panel_pairs_from_6_rows_and_other_cpus_from_4(tmp_path):
+    """Zen 4 runs each 512-bit instruction as two 256-bit halves, and pairs pay there only from 6 rows (blocks.cpp's
+    kPairRows comes from `pair_rows`; the bits are the same either way, which the tests above check)."""
+    from quickdraft.models.native.kernels import cpu_fields, pair_rows
+
+    cpuinfo = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nflags\t\t: fpu avx2 avx512f\n\n"
+    cpuinfo.write_text(block.format(n=0, vendor="AuthenticAMD", family=25) + block.format(n=1, vendor="X", family=6))
+    fields = cpu_fields(cpuinfo)
+    assert fields["vendor_id"] == "AuthenticAMD" and fields["flags"] == "fpu avx2 avx512f"  # the first processor's
+    assert pair_rows(fields) == 6
+    assert pair_rows({**fields, "cpu family": "26"}) == 4  # Zen 5: 512-bit instructions at full width
+    assert pair_rows({"vendor_id": "GenuineIntel", "cpu family": "6"}) == 4
+    assert cpu_fields(tmp_path / "missing") == {} and pair_rows({}) == 4
 
 
 def test_block_products_refuse_shapes_they_cannot_compute():

@@ -545,10 +545,11 @@ void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_
 
 #ifdef QUICKDRAFT_PANEL_PAIRS
 // Products of at least this many rows take panels two at a time: half the instructions per weight byte, which pays
-// once the arithmetic, not the weights' streaming, decides. Measured in whole forwards (docs/native_runtime.md, stops
-// 46 and 50): from 4 rows on, pairs are faster (a 4-token forward by 6-10% since pairs prefetch both panels; a
-// 16-sequence decode step by about 2 ms of 14); at 2 and 3 rows slower. Either way the same bits.
-constexpr int64_t kPairRows = 4;
+// once the arithmetic, not the weights' streaming, decides. The build passes it per CPU (kernels/__init__.py,
+// `pair_rows`), measured in whole forwards (docs/native_runtime.md, stops 46, 50 and 57): from 4 rows where 512-bit
+// instructions run at full width (a Zen 5 EPYC: a 4-token forward 6-10% faster, a 16-sequence decode step about 2 ms
+// of 14; at 2 and 3 rows slower), from 6 on Zen 4, which runs them as two 256-bit halves. Either way the same bits.
+constexpr int64_t kPairRows = QUICKDRAFT_PAIR_ROWS;
 #else
 constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
 #endif
