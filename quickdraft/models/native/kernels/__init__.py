@@ -99,6 +99,7 @@ def built_instruction_set() -> str:
     from torch.utils.cpp_extension import load
 
     candidates = instruction_sets()
+    pair_rows_flag = f"-DQUICKDRAFT_PAIR_ROWS={pair_rows(cpu_fields())}"  # the same for every set tried
     failures = []
     for variant in candidates:
         try:
@@ -109,7 +110,7 @@ def built_instruction_set() -> str:
                     "-O3",
                     "-ffp-contract=off",
                     "-fopenmp",
-                    f"-DQUICKDRAFT_PAIR_ROWS={pair_rows(cpu_fields())}",
+                    pair_rows_flag,
                     *(f"-m{f}" for f in INSTRUCTION_SETS[variant][1]),
                 ],
                 extra_ldflags=["-fopenmp"],
