@@ -2,6 +2,7 @@
 
     python scripts/head_gap.py --model smollm2-135m-instruct --count 12 --k 4 --threads 2
     python scripts/head_gap.py --prompts ../shared/data/specbench_dev.jsonl --categories writing,roleplay,qa --count 12
+    python scripts/head_gap.py --prompt-tokens 400-1000 --count 12   # held-out prompts longer than any trained on
 
 The engine answers each prompt greedily with the head drafting k tokens per step. The training
 code's teacher-forced evaluation (`distill.train.evaluate`) then scores the same head on the same
@@ -13,6 +14,7 @@ accepted run; the difference between the two on identical text is that selection
 """
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
@@ -28,10 +30,16 @@ from quickdraft.models.loading import load_model
 from quickdraft.stats import tau
 
 
-def prompts_from(args: argparse.Namespace) -> list[str]:
-    """Held-out ShareGPT prompts (never trained on), or the first turns of dev prompts in some categories."""
+def prompts_from(args: argparse.Namespace, prompt_length: Callable[[str], int]) -> list[str]:
+    """Held-out ShareGPT prompts (never trained on; with --prompt-tokens, those of that many tokens), or the first
+    turns of dev prompts in some categories."""
     if not args.prompts:
-        return evaluation.heldout_prompts(load_training_prompts(None), args.count)
+        training = load_training_prompts(None)
+        heldout = evaluation.heldout_prompts(training, len(training))
+        if args.prompt_tokens:
+            low, high = (int(n) for n in args.prompt_tokens.split("-"))
+            heldout = [p for p in heldout if low <= prompt_length(p) <= high]
+        return heldout[: args.count]
     categories = args.categories.split(",") if args.categories else None
     return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.prompts), categories)][: args.count]
 
@@ -42,6 +50,10 @@ def main() -> None:
     parser.add_argument("--head", default="", help="head directory (default: the one shipped for the model)")
     parser.add_argument("--prompts", help="Spec-Bench style JSONL instead of the held-out ShareGPT prompts")
     parser.add_argument("--categories", help="with --prompts: comma list of categories to keep")
+    parser.add_argument(
+        "--prompt-tokens",
+        help="MIN-MAX: held-out prompts of MIN to MAX tokens in the chat template (distill's default keeps <= 256)",
+    )
     parser.add_argument("--count", type=int, default=12)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -60,8 +72,11 @@ def main() -> None:
     steps = accepted = 0
     by_position = torch.zeros(args.k)  # [k] steps whose i-th draft token was accepted
     examples = []
-    for text in prompts_from(args):
-        prompt_ids = engine.encode(text, chat=bool(target.tokenizer.chat_template))
+    chat = bool(target.tokenizer.chat_template)
+    lengths = []
+    for text in prompts_from(args, lambda prompt: len(engine.encode(prompt, chat=chat))):
+        prompt_ids = engine.encode(text, chat=chat)
+        lengths.append(len(prompt_ids))
         result = engine.generate(prompt_ids, SamplingParams(max_new_tokens=args.max_new_tokens))
         stats = result.stats
         steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
@@ -72,6 +87,8 @@ def main() -> None:
         examples.append(make_example(torch.tensor(sequence), hidden[:, :-d], hidden[:, -d:], len(prompt_ids)))
     _, output = target.runner.embedding_matrices()
     forced = evaluate(head, output, examples, TrainConfig(eval_k=args.k))
+    median = sorted(lengths)[len(lengths) // 2]
+    print(f"{len(lengths)} prompts of {min(lengths)}-{max(lengths)} tokens (median {median})")
     print(
         f"engine, k={args.k}: tau {tau(accepted, steps):.3f}, accepted by position (share of steps) "
         f"{' '.join(f'{float(a) / steps:.3f}' for a in by_position)}"
