@@ -15,6 +15,7 @@ accepted run; the difference between the two on identical text is that selection
 
 import argparse
 from collections.abc import Callable
+from itertools import islice
 
 import torch
 
@@ -36,12 +37,20 @@ def prompts_from(args: argparse.Namespace, prompt_length: Callable[[str], int]) 
     if not args.prompts:
         training = load_training_prompts(None)
         heldout = evaluation.heldout_prompts(training, len(training))
-        if args.prompt_tokens:
-            low, high = (int(n) for n in args.prompt_tokens.split("-"))
-            heldout = [p for p in heldout if low <= prompt_length(p) <= high]
-        return heldout[: args.count]
+        if not args.prompt_tokens:
+            return heldout[: args.count]
+        low, high = args.prompt_tokens
+        return list(islice((p for p in heldout if low <= prompt_length(p) <= high), args.count))  # tokenize as needed
     categories = args.categories.split(",") if args.categories else None
     return [p.first_turn for p in dataset.select_prompts(dataset.load_prompts(args.prompts), categories)][: args.count]
+
+
+def token_range(text: str) -> tuple[int, int]:
+    """The text MIN-MAX -> (MIN, MAX)."""
+    low, _, high = text.partition("-")
+    if not (low.isdigit() and high.isdigit() and int(low) <= int(high)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token range; give MIN-MAX, e.g. 400-1000")
+    return int(low), int(high)
 
 
 def main() -> None:
@@ -52,6 +61,7 @@ def main() -> None:
     parser.add_argument("--categories", help="with --prompts: comma list of categories to keep")
     parser.add_argument(
         "--prompt-tokens",
+        type=token_range,
         help="MIN-MAX: held-out prompts of MIN to MAX tokens in the chat template (distill's default keeps <= 256)",
     )
     parser.add_argument("--count", type=int, default=12)
