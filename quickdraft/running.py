@@ -162,4 +162,4 @@ def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, g
     if params.greedy:  # the kernels' argmax: torch's reads a 49k-wide row one value at a time (34 us a call)
         return greedy_verify(draft.token_ids, argmax(target_logits).tolist())
     draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)  # [k]
-    return rejection_sample(draft_ids, draft.probs, sampling.warp(target_logits, params), generator)
+    return rejection_sample(draft_ids, draft.probs, sampling.WarpedRows(target_logits, params), generator)

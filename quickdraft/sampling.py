@@ -52,6 +52,20 @@ def _mask_outside_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+class WarpedRows:
+    """`warp(logits, params)` row by row, each row warped when first asked for: what rejection sampling reads,
+    which stops at its first rejected draft token and never needs the rows after it. A row comes out as it would
+    from warping all of them at once (every step of `warp` works on each row alone)."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self._logits = logits  # [n, vocab]
+        self._params = params
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        """Row `row`'s probabilities [vocab]."""
+        return warp(self._logits[row : row + 1], self._params)[0]
+
+
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
     """Pick one token per row of logits [n, vocab] -> [n]: argmax when greedy, else a warped sample."""
     if params.greedy:

@@ -45,8 +45,8 @@ MUTANTS = [
     Mutant(
         "residual-from-the-wrong-row",
         "quickdraft/verify.py",
-        "residual_distribution(target_probs[num_accepted], draft_probs[num_accepted])",
-        "residual_distribution(target_probs[num_accepted], draft_probs[max(num_accepted - 1, 0)])",
+        "residual_distribution(row, draft_probs[i])",
+        "residual_distribution(row, draft_probs[max(i - 1, 0)])",
         ("tests/test_verify.py", "tests/test_exactness.py", "-k", "residual or sampled or law"),
     ),
     Mutant(

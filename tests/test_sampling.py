@@ -43,6 +43,24 @@ def test_top_p_keeps_smallest_prefix_reaching_mass(top_p):
     assert torch.allclose(probs, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=40),
+        SamplingParams(temperature=0.9, top_p=0.8),
+        SamplingParams(temperature=0.6, top_k=100, top_p=0.95),
+    ],
+)
+def test_rows_warped_on_demand_equal_the_rows_warped_together_bit_for_bit(params):
+    """What the rejection sampler reads (`WarpedRows`, one row at a time) must be what warping the whole
+    verification block gives: a row that differed would shift acceptance at that position."""
+    logits = torch.randn(5, 4096, generator=torch.Generator().manual_seed(3)) * 4  # [k + 1, vocab]
+    together = sampling.warp(logits, params)
+    rows = sampling.WarpedRows(logits, params)
+    assert all(torch.equal(rows[i], together[i]) for i in range(5))
+
+
 def test_seeded_generator_is_reproducible_and_leaves_global_rng_alone():
     probs = torch.softmax(torch.randn(4, 50), dim=-1)
     torch.manual_seed(0)

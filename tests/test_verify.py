@@ -46,6 +46,28 @@ def test_rejection_never_recovers_the_rejected_point_mass_token():
         assert verdict.tokens in ((0, 0), (1,))
 
 
+class CountingRows:
+    """Target rows that record which ones the sampler read."""
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        self.probs, self.read = probs, []
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        self.read.append(row)
+        return self.probs[row]
+
+
+def test_the_sampler_reads_target_rows_in_order_and_none_past_the_first_rejection():
+    """Rows are warped on demand, so reading one past the first rejection would warp a row for nothing; the
+    verdict is the same as from the whole block."""
+    target = one_hot_rows([1, 2, 0, 4, 5])  # position 2 rejects the draft for certain
+    rows = CountingRows(target)
+    draft = torch.tensor([1, 2, 3, 4])
+    verdict = rejection_sample(draft, None, rows, torch.Generator().manual_seed(0))
+    assert verdict == Verdict(2, (1, 2, 0)) == rejection_sample(draft, None, target, torch.Generator().manual_seed(0))
+    assert rows.read == [0, 1, 2]
+
+
 def test_a_rejection_at_the_second_position_draws_from_that_positions_residual():
     """Position 1 is accepted for certain, position 2 rejected for certain. That position's residual,
     max(0, target - draft) with target [a 0.5, b 0.5] and draft [a 0.5, d 0.5], is all on b; a residual taken
