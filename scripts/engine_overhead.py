@@ -6,7 +6,7 @@ step, and where the draft rows went (steps that also read a prompt chunk, or not
 
 Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
 `--requests` slots (or `--max-batch`: the rest wait for a free slot, as a closed loop of that many streams would),
-steps it until every request is done (greedy, `--max-tokens` each), once to warm up and then
+steps it until every request is done (greedy unless `--temperature`, `--max-tokens` each), once to warm up and then
 `--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
 row count", "Speculation under load", "Prompt blocks on fused attention") and docs/native_runtime.md (stop 42)
 quote it.
@@ -15,6 +15,7 @@ quote it.
 import argparse
 import json
 import time
+from dataclasses import replace
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine, Finished
@@ -32,6 +33,7 @@ def main() -> None:
         "--max-batch", type=int, default=None, help="slots (default: --requests; fewer queue the rest, a closed loop)"
     )
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled, request i seeded i")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -48,10 +50,14 @@ def main() -> None:
         for name in args.drafters.split(",")
     }
     for engine in engines.values():
-        run(engine, prompts, args.max_tokens)  # warm-up: kernels, calibration, caches
+        run(
+            engine, prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
+        )  # warm-up: kernels, calibration, caches
     for round_ in range(1, args.rounds + 1):
         for name, engine in engines.items():
-            total, forwards, steps, per_kind, accepted = run(engine, prompts, args.max_tokens)
+            total, forwards, steps, per_kind, accepted = run(
+                engine, prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
+            )
             print(
                 f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
                 f"({per_kind['chunk'][2]:.2f} s in steps with a prompt chunk), "
@@ -61,11 +67,13 @@ def main() -> None:
             )
 
 
-def run(engine: Engine, prompts: list[str], max_tokens: int) -> tuple[float, float, int, dict[str, list[float]], int]:
+def run(
+    engine: Engine, prompts: list[str], params: SamplingParams
+) -> tuple[float, float, int, dict[str, list[float]], int]:
     """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows,
     forward seconds]} by whether the step read a prompt chunk, draft tokens accepted)."""
-    for prompt in prompts:
-        engine.submit([{"role": "user", "content": prompt}], SamplingParams(max_new_tokens=max_tokens), chat=True)
+    for seed, prompt in enumerate(prompts):
+        engine.submit([{"role": "user", "content": prompt}], replace(params, seed=seed), chat=True)
     batch = engine._batch
     forward = batch.forward_batch
     per_kind = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}

@@ -148,6 +148,13 @@ MUTANTS = [
         ("tests/test_head.py", "-k", "vocabulary_map"),
     ),
     Mutant(
+        "head-sampled-draw-mapped-to-the-next-id",
+        "quickdraft/drafters/head/drafter.py",
+        "return int(self.vocab_ids[drawn]), probs",
+        "return int(self.vocab_ids[(drawn + 1) % len(self.vocab_ids)]), probs",
+        ("tests/test_head.py", "-k", "distribution_they_carry"),
+    ),
+    Mutant(
         "training-time-test-reads-its-own-position",
         "quickdraft/drafters/head/model.py",
         "inputs = F.pad(out[:, :-1], (0, 0, 1, 0))",

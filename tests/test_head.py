@@ -232,6 +232,29 @@ def test_sampling_draft_rows_are_zero_outside_the_reduced_vocabulary(tiny_models
         assert all(10 <= token < 200 for token in draft.token_ids)
 
 
+def test_sampled_head_drafts_follow_the_distribution_they_carry(tiny_models):
+    """The rejection sampler trusts a draft's row as the law its token was drawn from: proposals from one context
+    (the same row each time) must be distributed as that row says."""
+    target = tiny_models["llama"]
+    vocab_ids = torch.randperm(target.info.vocab_size, generator=torch.Generator().manual_seed(2))[:100]
+    drafter = HeadDrafter(random_head(target, vocab_ids, seed=4), target.info.vocab_size, "h")
+    prompt = Engine(target).encode("Once upon a time")
+    logits, hidden = target_states(target, prompt, drafter.head)
+    drafter.begin(prompt, SamplingParams(temperature=0.8, top_k=10), torch.Generator().manual_seed(5))
+    drafter.observe_target(hidden)
+    samples, counts, rows = 3000, Counter(), set()
+    for _ in range(samples):
+        draft = drafter.propose(prompt + [int(logits.argmax())], 1)
+        counts[draft.token_ids[0]] += 1
+        rows.add(tuple(draft.probs[0].tolist()))
+    assert len(rows) == 1  # the same context gives the same row
+    claimed = draft.probs[0]
+    support = claimed.nonzero().flatten().tolist()
+    assert set(counts) <= set(support)
+    expected = (claimed[support].double() / claimed[support].double().sum() * samples).tolist()
+    assert chisquare([counts[t] for t in support], expected).pvalue > 1e-3
+
+
 def _first_token_counts(draft_probs, target_probs, samples, honest=True):
     """Output token of position 1 over many draft + rejection-sample rounds."""
     generator = torch.Generator().manual_seed(1)

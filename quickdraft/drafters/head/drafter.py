@@ -9,9 +9,12 @@ back before the next step re-feeds true states.
 
 The head drafts in its inference form (`inference.py`: 4-bit group matrices, the layer in C++) on CPU.
 
-Draft tokens come from a reduced vocabulary. For sampling, the draft logits are scattered into
-the target's vocabulary with -inf elsewhere and warped like the target's, so each proposal row
-is zero outside the reduced vocabulary and exactly the distribution the token was drawn from.
+Draft tokens come from a reduced vocabulary. For sampling, the draft logits are warped like the
+target's (temperature, top-k, top-p pick the same tokens whether or not the target's other ids sit
+beside them at -inf), the token is drawn over the reduced vocabulary, and that distribution is
+scattered into the target's: each proposal row is zero outside the reduced vocabulary and exactly
+the distribution the token was drawn from. Warping and drawing over the draft vocabulary rather than
+the target's saves most of a sampled drafting step on gemma-3's 262,144 ids.
 """
 
 from pathlib import Path
@@ -103,10 +106,11 @@ class HeadDrafter(Drafter):
         """Reduced-vocab logits [draft_vocab] -> (target token id, its draft distribution [target_vocab] or None)."""
         if self._params.greedy:
             return int(self.vocab_ids[argmax(logits)]), None
-        full = logits.new_full((self.target_vocab_size,), float("-inf"))  # [target_vocab]
-        full[self.vocab_ids] = logits
-        probs = sampling.warp(full[None], self._params)[0]  # [target_vocab], zero outside the reduced vocabulary
-        return int(draw(probs[None], self._generator)), probs
+        reduced = sampling.warp(logits[None], self._params)  # [1, draft_vocab]
+        drawn = int(draw(reduced, self._generator))
+        probs = reduced.new_zeros(self.target_vocab_size)  # [target_vocab], zero outside the reduced vocabulary
+        probs[self.vocab_ids] = reduced[0]
+        return int(self.vocab_ids[drawn]), probs
 
 
 def head_directory(argument: str, target_name: str) -> Path:
