@@ -73,7 +73,10 @@ def run(
     """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows,
     forward seconds]} by whether the step read a prompt chunk, draft tokens accepted)."""
     for seed, prompt in enumerate(prompts):
-        engine.submit([{"role": "user", "content": prompt}], replace(params, seed=seed), chat=True)
+        if engine.target.tokenizer.chat_template:
+            engine.submit([{"role": "user", "content": prompt}], replace(params, seed=seed), chat=True)
+        else:  # a base model without a template reads the prompt as plain text, as `bench` gives it
+            engine.submit(prompt, replace(params, seed=seed))
     batch = engine._batch
     forward = batch.forward_batch
     per_kind = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}
