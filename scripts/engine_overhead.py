@@ -49,15 +49,12 @@ def main() -> None:
         )
         for name in args.drafters.split(",")
     }
+    params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
     for engine in engines.values():
-        run(
-            engine, prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
-        )  # warm-up: kernels, calibration, caches
+        run(engine, prompts, params)  # warm-up: kernels, calibration, caches
     for round_ in range(1, args.rounds + 1):
         for name, engine in engines.items():
-            total, forwards, steps, per_kind, accepted = run(
-                engine, prompts, SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
-            )
+            total, forwards, steps, per_kind, accepted = run(engine, prompts, params)
             print(
                 f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
                 f"({per_kind['chunk'][2]:.2f} s in steps with a prompt chunk), "
@@ -72,11 +69,9 @@ def run(
 ) -> tuple[float, float, int, dict[str, list[float]], int]:
     """(seconds of the whole run, seconds inside target forwards, steps, {"chunk" | "decode": [steps, draft rows,
     forward seconds]} by whether the step read a prompt chunk, draft tokens accepted)."""
+    chat = bool(engine.target.tokenizer.chat_template)  # a base model without one reads plain text, as in `bench`
     for seed, prompt in enumerate(prompts):
-        if engine.target.tokenizer.chat_template:
-            engine.submit([{"role": "user", "content": prompt}], replace(params, seed=seed), chat=True)
-        else:  # a base model without a template reads the prompt as plain text, as `bench` gives it
-            engine.submit(prompt, replace(params, seed=seed))
+        engine.submit(prompt, replace(params, seed=seed), chat=chat)
     batch = engine._batch
     forward = batch.forward_batch
     per_kind = {"chunk": [0, 0, 0.0], "decode": [0, 0, 0.0]}
