@@ -1,12 +1,12 @@
 """What drawing one sampled token costs, per row of probabilities: `torch.multinomial` against quickdraft's
-`categorical.draw` (inverse CDF).
+inverse CDF (`categorical`), computed in torch and by the kernel (`torch.ops.quickdraft.draw`, the same bits).
 
     python scripts/draw_cost.py --threads 2
     python scripts/draw_cost.py --vocab-sizes 49152,262144 --rows 1,5 --rounds 5
 
-Each (vocabulary, rows) case times both draws on the same softmax rows, interleaved, `--repeats` calls a round;
+Each (vocabulary, rows) case times the three on the same softmax rows, interleaved, `--repeats` calls a round;
 the median over `--rounds` is printed in microseconds per row. BENCHMARKS.md ("Sampled tokens without
-torch.multinomial") quotes it.
+torch.multinomial", "Sampled tokens drawn by a kernel") quotes it.
 """
 
 import argparse
@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from quickdraft.categorical import draw
+from quickdraft.categorical import DRAW_BLOCK, inverse_cdf_in_torch
+from quickdraft.models.native.kernels import kernels
 
 
 def per_row_microseconds(function, probs: torch.Tensor, generator: torch.Generator, repeats: int) -> float:
@@ -31,6 +32,15 @@ def multinomial(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def in_torch(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return inverse_cdf_in_torch(probs, torch.rand(probs.shape[0], generator=generator, dtype=torch.float64))
+
+
+def by_kernel(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    uniform = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64)
+    return kernels().draw(probs, uniform, DRAW_BLOCK)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-sizes", default="49152,262144", help="comma list (smollm2's and gemma 3's)")
@@ -44,15 +54,16 @@ def main() -> None:
     for vocab in map(int, args.vocab_sizes.split(",")):
         for rows in map(int, args.rows.split(",")):
             probs = torch.softmax(torch.randn(rows, vocab, generator=generator) * 4, dim=-1)  # [rows, vocab]
-            times: dict[str, list[float]] = {"torch.multinomial": [], "categorical.draw": []}
+            draws = {"torch.multinomial": multinomial, "inverse CDF in torch": in_torch, "the kernel": by_kernel}
+            times: dict[str, list[float]] = {name: [] for name in draws}
             for _ in range(args.rounds):
-                times["torch.multinomial"].append(per_row_microseconds(multinomial, probs, generator, args.repeats))
-                times["categorical.draw"].append(per_row_microseconds(draw, probs, generator, args.repeats))
+                for name, function in draws.items():
+                    times[name].append(per_row_microseconds(function, probs, generator, args.repeats))
             medians = {name: statistics.median(values) for name, values in times.items()}
             print(
                 f"vocab {vocab}, {rows} row(s): "
                 + ", ".join(f"{name} {value:.0f} us a row" for name, value in medians.items())
-                + f" ({medians['torch.multinomial'] / medians['categorical.draw']:.0f}x)"
+                + f" (the kernel {medians['inverse CDF in torch'] / medians['the kernel']:.0f}x torch's)"
             )
 
 

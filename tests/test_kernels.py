@@ -15,12 +15,14 @@ from functools import partial
 import pytest
 import torch
 
+from quickdraft.categorical import DRAW_BLOCK, inverse_cdf_in_torch
 from quickdraft.models.native.kernels import (
     argmax,
     attend,
     built_instruction_set,
     eight_bit_matmul,
     four_bit_matmul,
+    kernels,
     pack_eight_bit,
     pack_four_bit,
     rms_norm,
@@ -422,6 +424,39 @@ def test_argmax_is_torchs_first_maximum_with_ties_nans_and_signed_zeros(dtype):
         x[9, width - 1] = 0.0
         assert torch.equal(argmax(x), x.argmax(dim=-1)), f"width {width}"
     assert argmax(x[0]).shape == () and argmax(x[:3].view(3, 1, -1)).shape == (3, 1)
+
+
+def test_the_draw_kernel_picks_the_tokens_the_torch_computation_picks():
+    """`torch.ops.quickdraft.draw` and `categorical.inverse_cdf_in_torch` are one rule: the same token for every row
+    and uniform number, over vocabularies of one token, a short last block and whole blocks; rows not normalised,
+    with zeros scattered and whole blocks of zeros; uniforms at 0, just below 1, and at the blocks' running totals
+    (where the block and the rest within it are decided by the last bit). Never a zero-probability token."""
+    draw = kernels().draw
+    generator = torch.Generator().manual_seed(12)
+    for vocab in (1, 7, DRAW_BLOCK, DRAW_BLOCK + 1, 9 * DRAW_BLOCK - 3, 49152):
+        probs = torch.rand(8, vocab, generator=generator) * torch.rand(8, 1, generator=generator) * 3  # [8, vocab]
+        probs[1] *= torch.rand(vocab, generator=generator) < 0.2
+        probs[2, : vocab // 2] = 0.0
+        probs[3] = torch.softmax(torch.randn(vocab, generator=generator) * 8, dim=-1)
+        probs[:, -1] += 1e-30  # every row some mass, the last token little of it
+        blocks = -(-vocab // DRAW_BLOCK)
+        padded = torch.nn.functional.pad(probs.double(), (0, blocks * DRAW_BLOCK - vocab))
+        running = padded.view(8, blocks, DRAW_BLOCK).cumsum(-1)[..., -1].cumsum(-1)  # [8, blocks]
+        at_totals = running.gather(1, torch.randint(0, blocks, (8, 1), generator=generator))[:, 0] / running[:, -1]
+        for uniform in (
+            torch.rand(8, generator=generator, dtype=torch.float64),
+            torch.zeros(8, dtype=torch.float64),
+            torch.full((8,), 1.0 - 2**-53, dtype=torch.float64),
+            at_totals.clamp(max=1.0 - 2**-53),
+        ):
+            drawn = draw(probs, uniform, DRAW_BLOCK)
+            assert torch.equal(drawn, inverse_cdf_in_torch(probs, uniform)), f"vocab {vocab}"
+            assert bool((probs.gather(1, drawn[:, None]) > 0).all()), f"vocab {vocab}: a zero-probability token"
+
+
+def test_the_draw_kernel_refuses_a_row_without_probability():
+    with pytest.raises(RuntimeError, match="no positive probability"):
+        kernels().draw(torch.zeros(1, 300), torch.zeros(1, dtype=torch.float64), DRAW_BLOCK)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -3,9 +3,10 @@ import torch
 from scipy.stats import chisquare
 
 from quickdraft import sampling
-from quickdraft.categorical import draw
+from quickdraft.categorical import DRAW_BLOCK, draw, inverse_cdf_in_torch
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.errors import UsageError
+from quickdraft.models.native.kernels import kernels
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0, 0.0]])  # [1, 6]
 
@@ -71,9 +72,12 @@ def test_seeded_generator_is_reproducible_and_leaves_global_rng_alone():
     assert torch.equal(torch.get_rng_state(), global_state)
 
 
-# Two rows drawn in one call, neither normalised (a residual's mass is whatever is left), with zero-probability
-# tokens inside and at the end of the vocabulary.
-ROWS = torch.tensor([[0.2, 0.0, 0.6, 0.1, 0.5, 0.0, 0.3, 0.0], [0.0, 0.9, 0.05, 0.0, 0.0, 0.35, 0.0, 0.7]])
+# Rows drawn in one call, not normalised (a residual's mass is whatever is left), with zero-probability tokens
+# inside and at the end of the vocabulary; the last row's mass spread over three blocks of the cumulative sums,
+# with whole blocks of zeros between them.
+ROWS = torch.zeros(3, 4 * DRAW_BLOCK)
+ROWS[:2, :8] = torch.tensor([[0.2, 0.0, 0.6, 0.1, 0.5, 0.0, 0.3, 0.0], [0.0, 0.9, 0.05, 0.0, 0.0, 0.35, 0.0, 0.7]])
+ROWS[2, [3, 5, DRAW_BLOCK - 1, 2 * DRAW_BLOCK, 3 * DRAW_BLOCK + 6]] = torch.tensor([0.3, 0.1, 0.4, 0.25, 0.45])
 DRAWS = 20_000
 
 
@@ -95,8 +99,21 @@ def law_p_values(draw_rows) -> list[float]:
     return p_values
 
 
-def test_draws_follow_each_rows_law_and_never_a_zero_probability_token():
-    assert min(law_p_values(draw)) > 1e-3
+def uniforms(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(probs.shape[0], generator=generator, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "draw_rows",
+    [
+        draw,
+        lambda probs, generator: inverse_cdf_in_torch(probs, uniforms(probs, generator)),
+        lambda probs, generator: kernels().draw(probs, uniforms(probs, generator), DRAW_BLOCK),
+    ],
+    ids=["draw", "in-torch", "kernel"],
+)
+def test_draws_follow_each_rows_law_and_never_a_zero_probability_token(draw_rows):
+    assert min(law_p_values(draw_rows)) > 1e-3
 
 
 def test_negative_control_a_draw_that_assumes_normalised_rows_fails_the_law_test():
@@ -106,6 +123,23 @@ def test_negative_control_a_draw_that_assumes_normalised_rows_fails_the_law_test
         return torch.searchsorted(cumulative, uniform, right=True).squeeze(-1)
 
     assert min(law_p_values(assumes_sum_one)) < 1e-6
+
+
+def test_negative_control_a_draw_that_restarts_each_block_at_the_point_fails_the_law_test():
+    """The kernel's own slip: the rest within the chosen block left at the point instead of the point less the
+    blocks before it. Only a row whose mass spans blocks can show it."""
+
+    def forgets_the_blocks_before(probs, generator):
+        uniform = uniforms(probs, generator)
+        drawn = inverse_cdf_in_torch(probs, uniform)
+        block_start = drawn // DRAW_BLOCK * DRAW_BLOCK  # [n]
+        total = probs.double().sum(-1)  # [n]
+        within = probs.double().view(probs.shape[0], -1, DRAW_BLOCK).cumsum(-1)  # [n, blocks, DRAW_BLOCK]
+        block_rows = within[torch.arange(probs.shape[0]), drawn // DRAW_BLOCK]  # [n, DRAW_BLOCK]
+        again = torch.searchsorted(block_rows, (uniform * total)[:, None], right=True)[:, 0]  # [n]
+        return block_start + again.clamp(max=DRAW_BLOCK - 1)
+
+    assert min(law_p_values(forgets_the_blocks_before)) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,9 @@ count or thread count (so a k-token verification row equals a 1-token row, a bat
 
 `argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it).
 
+`torch.ops.quickdraft.draw(probs, uniform, block)` (`draw.cpp`): a sampled token per row, the same bits as
+`categorical.draw`'s torch computation, which calls it once the kernels are loaded.
+
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward (verification rows, prompt
 chunks, or both) in one call (runner.py fills it with the model's weights and says what it computes).
 `new_head_layer(...)`: a `torch.classes.quickdraft.HeadLayer`, a draft head's drafting step in two calls
@@ -33,7 +36,7 @@ import torch
 from quickdraft.errors import ModelError
 from quickdraft.models.native.kernels import portable
 
-SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp")]
+SOURCES = [str(Path(__file__).with_name(name)) for name in ("blocks.cpp", "decoder.cpp", "draw.cpp")]
 PANEL_ROWS = 8  # weight rows of a panel (`pack_four_bit`, `pack_eight_bit`): blocks.cpp's kColumns of each
 # Each instruction set the kernels are built for: the /proc/cpuinfo flags it needs, and the compiler's -m flags.
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
