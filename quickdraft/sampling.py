@@ -26,15 +26,28 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Logits [n, vocab] -> probabilities [n, vocab] float32 under temperature, top-k, top-p."""
-    logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+    top_k = 0 < params.top_k < logits.shape[-1]
+    if not top_k and params.top_p == 1.0:
+        return softmax(logits, params.temperature)
+    logits = logits.float() / params.temperature
+    if top_k:
         logits = _mask_outside_top_k(logits, params.top_k)
     if params.top_p < 1.0:
         logits = _mask_outside_top_p(logits, params.top_p)
-    return torch.softmax(logits, dim=-1)
+    return softmax(logits, 1.0)
+
+
+def softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) over the last dim of [n, vocab] -> float32 (a caller that has divided already
+    passes 1.0: x / 1 is x). On the CPU, once quickdraft's kernels are loaded (the native runtime loads them
+    before its first step, so a request's target and draft rows take one path), `torch.ops.quickdraft.softmax`
+    in one call: its own exponential, so its last bits are not torch's (`scripts/draw_cost.py` times both)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16):
+        if hasattr(torch.ops.quickdraft, "softmax"):
+            return torch.ops.quickdraft.softmax(logits.contiguous(), temperature)
+    return torch.softmax(logits.float() / temperature, dim=-1)
 
 
 def _mask_outside_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """What drawing one sampled token costs, per row of probabilities: `torch.multinomial` against quickdraft's
-inverse CDF (`categorical`), computed in torch and by the kernel (`torch.ops.quickdraft.draw`, the same bits).
+inverse CDF (`categorical`), computed in torch and by the kernel (`torch.ops.quickdraft.draw`, the same bits); and
+what the row's probabilities cost before it, softmax(logits / 0.7) of bfloat16 logits (the runtime's) by torch
+and by the kernel (`sampling.softmax`).
 
     python scripts/draw_cost.py --threads 2
     python scripts/draw_cost.py --vocab-sizes 49152,262144 --rows 1,5 --rounds 5
 
-Each (vocabulary, rows) case times the three on the same softmax rows, interleaved, `--repeats` calls a round;
-the median over `--rounds` is printed in microseconds per row. BENCHMARKS.md ("Sampled tokens without
-torch.multinomial", "Sampled tokens drawn by a kernel") quotes it.
+Each (vocabulary, rows) case times the three draws on the same softmax rows, then the two softmaxes on the same
+logits, interleaved, `--repeats` calls a round; the median over `--rounds` is printed in microseconds per row.
+BENCHMARKS.md ("Sampled tokens without torch.multinomial", "Sampled rows by kernels") quotes it.
 """
 
 import argparse
@@ -59,12 +61,26 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, function in draws.items():
                     times[name].append(per_row_microseconds(function, probs, generator, args.repeats))
-            medians = {name: statistics.median(values) for name, values in times.items()}
-            print(
-                f"vocab {vocab}, {rows} row(s): "
-                + ", ".join(f"{name} {value:.0f} us a row" for name, value in medians.items())
-                + f" (the kernel {medians['inverse CDF in torch'] / medians['the kernel']:.0f}x torch's)"
-            )
+            report(f"vocab {vocab}, {rows} row(s), draw", times, "inverse CDF in torch")
+            logits = (torch.randn(rows, vocab, generator=generator) * 4).bfloat16()  # [rows, vocab]
+            softmaxes = {
+                "torch.softmax": lambda x, _: torch.softmax(x.float() / 0.7, dim=-1),
+                "the kernel": lambda x, _: kernels().softmax(x, 0.7),
+            }
+            times = {name: [] for name in softmaxes}
+            for _ in range(args.rounds):
+                for name, function in softmaxes.items():
+                    times[name].append(per_row_microseconds(function, logits, generator, args.repeats))
+            report(f"vocab {vocab}, {rows} row(s), softmax at 0.7", times, "torch.softmax")
+
+
+def report(case: str, times: dict[str, list[float]], torch_name: str) -> None:
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    print(
+        f"{case}: "
+        + ", ".join(f"{name} {value:.0f} us a row" for name, value in medians.items())
+        + f" (the kernel {medians[torch_name] / medians['the kernel']:.1f}x torch's)"
+    )
 
 
 if __name__ == "__main__":

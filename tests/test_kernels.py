@@ -454,6 +454,28 @@ def test_the_draw_kernel_picks_the_tokens_the_torch_computation_picks():
             assert bool((probs.gather(1, drawn[:, None]) > 0).all()), f"vocab {vocab}: a zero-probability token"
 
 
+def test_the_softmax_kernel_follows_torch_gives_removed_tokens_nothing_and_keeps_rows_apart():
+    """`torch.ops.quickdraft.softmax(x, t)` is softmax(x / t) within float32 rounding (its own exponential), exactly
+    0 where x is -inf (a token top-k or top-p removed; the exponential alone clamps there), the same for bfloat16
+    logits as for their float32 values, and each row is the same bits alone as beside other rows; over widths
+    around the vector sizes and a vocabulary's."""
+    softmax = kernels().softmax
+    generator = torch.Generator().manual_seed(13)
+    for width in (1, 7, 8, 17, 4099, 49152):
+        x = torch.randn(6, width, generator=generator) * 6  # [6, width]
+        x[1, torch.rand(width, generator=generator) < 0.5] = float("-inf")
+        x[1, width // 2] = 3.0  # one kept token at least
+        x[2, :-1] = float("-inf")
+        for temperature in (0.3, 0.7, 1.0, 2.5):
+            probs = softmax(x, temperature)
+            expected = torch.softmax(x.double() / temperature, dim=-1)
+            assert torch.allclose(probs.double(), expected, rtol=2e-5, atol=1e-9), f"width {width}, t {temperature}"
+            assert bool((probs[x == float("-inf")] == 0).all()), f"width {width}: a removed token kept mass"
+            assert all(torch.equal(probs[r], softmax(x[r : r + 1], temperature)[0]) for r in range(6))
+            half = x.bfloat16()
+            assert torch.equal(softmax(half, temperature), softmax(half.float(), temperature))
+
+
 def test_the_draw_kernel_refuses_a_row_without_probability():
     with pytest.raises(RuntimeError, match="no positive probability"):
         kernels().draw(torch.zeros(1, 300), torch.zeros(1, dtype=torch.float64), DRAW_BLOCK)

@@ -1514,6 +1514,96 @@ at::Tensor argmax(at::Tensor x) {
   return result;
 }
 
+// ---- a row's softmax at a temperature: the sampler's probabilities ----
+
+// One row x [n] -> out [n] float32 in three passes over it: the largest y = x * (1 / temperature); each numerator
+// e^(y - that) (`exp_nonpositive`; exactly 0 where x is -inf: a token top-k or top-p removed) and their sum (8
+// lanes in position order, 16 positions at a time where vectors are 512 bits, as `softmax_numerators` adds them,
+// the last few positions' lanes padded with zeros; then `lanes_sum`); each numerator times the sum's reciprocal.
+template <typename T>
+void softmax_row(const T* x, int64_t n, float temperature, float* out) {
+  const float inverse_temperature = 1.0f / temperature;
+#ifdef QUICKDRAFT_AVX2
+  const __m256 scale = _mm256_set1_ps(inverse_temperature), minus_infinity = _mm256_set1_ps(-INFINITY);
+  __m256 top8 = minus_infinity;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) top8 = _mm256_max_ps(top8, load8(x + i));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, top8);
+  float top = -INFINITY;
+  for (float lane : lanes) top = std::max(top, lane);
+  for (; i < n; ++i) top = std::max(top, to_float(x[i]));
+  top *= inverse_temperature;  // the largest y: scaling by a positive factor keeps the order
+  const __m256 shift = _mm256_set1_ps(top);
+  const auto numerators = [&](__m256 values) {  // x -> e^(y - top), 0 where x is -inf
+    const __m256 removed = _mm256_cmp_ps(values, minus_infinity, _CMP_EQ_OQ);
+    return _mm256_andnot_ps(removed, exp_nonpositive(_mm256_sub_ps(_mm256_mul_ps(values, scale), shift)));
+  };
+  __m256 total8 = _mm256_setzero_ps();
+  i = 0;
+#ifdef __AVX512F__
+  const __m512 wide_scale = _mm512_set1_ps(inverse_temperature), wide_shift = _mm512_set1_ps(top);
+  for (; i + 16 <= n; i += 16) {  // the same lanes' operations as 8 at a time, twice
+    const __m512 values = load16(x + i);
+    const __mmask16 kept = _mm512_cmp_ps_mask(values, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __m512 e = _mm512_maskz_mov_ps(
+        kept, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(values, wide_scale), wide_shift)));
+    _mm512_storeu_ps(out + i, e);
+    total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(e));
+    total8 = _mm256_add_ps(total8, high_half(e));
+  }
+#endif
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = numerators(load8(x + i));
+    _mm256_storeu_ps(out + i, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  if (i < n) {
+    float tail[8];
+    for (int64_t j = 0; j < 8; ++j) tail[j] = i + j < n ? to_float(x[i + j]) : -INFINITY;
+    _mm256_storeu_ps(tail, numerators(_mm256_loadu_ps(tail)));
+    std::copy(tail, tail + (n - i), out + i);
+    total8 = _mm256_add_ps(total8, _mm256_loadu_ps(tail));
+  }
+  const __m256 factor = _mm256_set1_ps(1.0f / lanes_sum(total8));
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), factor));
+  for (; i < n; ++i) out[i] *= _mm256_cvtss_f32(factor);
+#else
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, to_float(x[i]));
+  top *= inverse_temperature;
+  double total = 0.0;  // one lane: in float64, so that a vocabulary's many additions round no worse than 8 lanes'
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = to_float(x[i]) == -INFINITY ? 0.0f : std::exp(to_float(x[i]) * inverse_temperature - top);
+    total += out[i];
+  }
+  const float inverse_total = static_cast<float>(1.0 / total);
+  for (int64_t i = 0; i < n; ++i) out[i] *= inverse_total;
+#endif
+}
+
+// x [R, V] float32 or bfloat16, contiguous, every row with a finite value; temperature > 0 -> float32 [R, V]: each
+// row's softmax of x / temperature (`softmax_row`), rows shared out between the threads.
+at::Tensor softmax(at::Tensor x, double temperature) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.is_contiguous(), "x must be a contiguous [R, V] tensor, V > 0");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
+  TORCH_CHECK(temperature > 0.0, "temperature must be positive");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto result = at::empty({rows, n}, x.options().dtype(at::kFloat));
+  float* out = result.data_ptr<float>();
+  const float t = static_cast<float>(temperature);
+  at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) {
+      if (x.scalar_type() == at::kBFloat16) {
+        softmax_row(x.data_ptr<c10::BFloat16>() + r * n, n, t, out + r * n);
+      } else {
+        softmax_row(x.data_ptr<float>() + r * n, n, t, out + r * n);
+      }
+    }
+  });
+  return result;
+}
+
 // ---- rotary embeddings and the gated activation, each row on its own ----
 
 // x [N, heads, hd] with rows `row_stride` apart (a row's heads contiguous); cos, sin_signed [N, hd]:
@@ -1703,6 +1793,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("rope(Tensor x, Tensor cos, Tensor sin_signed) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("argmax(Tensor x) -> Tensor");
+  m.def("softmax(Tensor x, float temperature) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
@@ -1713,4 +1804,5 @@ TORCH_LIBRARY_IMPL(quickdraft, CPU, m) {
   m.impl("rope", &quickdraft::rope);
   m.impl("silu_mul", &quickdraft::silu_mul);
   m.impl("argmax", &quickdraft::argmax);
+  m.impl("softmax", &quickdraft::softmax);
 }
