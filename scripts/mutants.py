@@ -264,9 +264,23 @@ MUTANTS = [
     Mutant(
         "categorical-draw-ignores-the-row-total",
         "quickdraft/categorical.py",
-        "point = torch.minimum(uniform * total, below_total)",
-        "point = torch.minimum(uniform, below_total)",
+        "point = torch.minimum(uniform[:, None] * total, below_total)",
+        "point = torch.minimum(uniform[:, None], below_total)",
         ("tests/test_sampling.py", "-k", "draws_follow"),
+    ),
+    Mutant(
+        "draw-kernel-forgets-the-blocks-before",
+        "quickdraft/models/native/kernels/draw.cpp",
+        "const double rest = point - (b > 0 ? running[b - 1] : 0.0);",
+        "const double rest = point;",
+        ("tests/test_kernels.py", "tests/test_sampling.py", "-k", "draw"),
+    ),
+    Mutant(
+        "softmax-kernel-keeps-removed-tokens",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "return _mm256_andnot_ps(removed, exp_nonpositive(_mm256_sub_ps(_mm256_mul_ps(values, scale), shift)));",
+        "return exp_nonpositive(_mm256_sub_ps(_mm256_mul_ps(values, scale), shift));",
+        ("tests/test_kernels.py", "-k", "softmax"),
     ),
     Mutant(
         "prefill-in-arrival-order",

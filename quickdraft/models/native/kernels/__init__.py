@@ -13,8 +13,9 @@ count or thread count (so a k-token verification row equals a 1-token row, a bat
 
 `argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it).
 
-`torch.ops.quickdraft.draw(probs, uniform, block)` (`draw.cpp`): a sampled token per row, the same bits as
-`categorical.draw`'s torch computation, which calls it once the kernels are loaded.
+`torch.ops.quickdraft.softmax(x, temperature)`: each row's softmax of x / temperature (`sampling.softmax` calls it
+once the kernels are loaded), and `torch.ops.quickdraft.draw(probs, uniform, block)` (`draw.cpp`): a sampled token
+per row, the same bits as `categorical.draw`'s torch computation, which calls it likewise.
 
 `new_decoder(...)`: a `torch.classes.quickdraft.Decoder`, the runner's layers for a forward (verification rows, prompt
 chunks, or both) in one call (runner.py fills it with the model's weights and says what it computes).
