@@ -7,7 +7,8 @@ The block is the first whose running total exceeds the point; the token, the fir
 sum within the block exceeds what the point leaves past the blocks before it (or, where rounding leaves the rest
 at the block's own sum or past it, the block's last token of positive probability). A zero-probability token is
 never drawn. On the CPU, once quickdraft's kernels are loaded (the native runtime loads them),
-`torch.ops.quickdraft.draw` computes the same bits in one pass over the row; elsewhere torch does
+`torch.ops.quickdraft.draw` computes the same bits in a pass over the row and one over the chosen block; elsewhere
+torch does (on the CPU with the same bits; another device's cumulative sums may add in another order)
 (`scripts/draw_cost.py` times both, and torch.multinomial, which draws one exponential per vocabulary entry).
 """
 
@@ -30,7 +31,7 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def inverse_cdf_in_torch(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """`inverse_cdf` in torch operations: the kernel's bits on any device."""
+    """`inverse_cdf` in torch operations: the kernel's bits on the CPU, where torch's cumulative sums add in order."""
     rows, vocab = probs.shape
     blocks = -(-vocab // DRAW_BLOCK)
     padded = probs.double()  # [n, blocks * DRAW_BLOCK]: zeros past the vocabulary

@@ -6,7 +6,9 @@ rejection sampler compares like with like. Greedy decoding (temperature 0) never
 takes the argmax, and `warp` returns the one-hot distribution of that argmax.
 
 Randomness comes only from a per-request `torch.Generator` (`make_generator`), never from the
-global RNG, so a request with a seed is reproducible whatever else runs in the process.
+global RNG, so a request with a seed is reproducible whatever else runs in the process (on the CPU,
+the probabilities' last bits depend on whether quickdraft's kernels are loaded: `softmax`; a process
+with a native runner has them from its start).
 """
 
 import secrets

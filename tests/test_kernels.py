@@ -474,6 +474,10 @@ def test_the_softmax_kernel_follows_torch_gives_removed_tokens_nothing_and_keeps
             assert all(torch.equal(probs[r], softmax(x[r : r + 1], temperature)[0]) for r in range(6))
             half = x.bfloat16()
             assert torch.equal(softmax(half, temperature), softmax(half.float(), temperature))
+    broken = torch.randn(1, 41, generator=generator)  # [1, 41]: NaNs in a 16-wide pass, an 8-wide one and the tail
+    broken[0, [3, 35, 40]] = float("nan")
+    probs = softmax(broken, 0.7)[0]
+    assert bool(probs.isfinite().all()) and probs[3] == probs[35] == probs[40] > 0, "a NaN logit depends on its place"
 
 
 def test_the_draw_kernel_refuses_a_row_without_probability():

@@ -1,5 +1,5 @@
-"""quickdraft's own CPU kernels (`blocks.cpp`) and decoder layers (`decoder.cpp`), compiled once per machine on
-first use.
+"""quickdraft's own CPU kernels (`blocks.cpp`, and the sampled draw in `draw.cpp`) and decoder layers
+(`decoder.cpp`), compiled once per machine on first use.
 
 `four_bit_matmul(x, packed, outputs)`: x [M, K] (float32 or bfloat16) times a matrix [N, K] of 4-bit groups
 (weight = nibble * scale + offset, one scale and offset per 32 weights of a row), and

@@ -1520,6 +1520,8 @@ at::Tensor argmax(at::Tensor x) {
 // e^(y - that) (`exp_nonpositive`; exactly 0 where x is -inf: a token top-k or top-p removed) and their sum (8
 // lanes in position order, 16 positions at a time where vectors are 512 bits, as `softmax_numerators` adds them,
 // the last few positions' lanes padded with zeros; then `lanes_sum`); each numerator times the sum's reciprocal.
+// The exponential's clamp gives a value more than 87 below the largest (and a NaN) e^-87 where torch's would give
+// 0 (or NaN): a token that unlikely stays that unlikely, and every path of the vector builds treats it alike.
 template <typename T>
 void softmax_row(const T* x, int64_t n, float temperature, float* out) {
   const float inverse_temperature = 1.0f / temperature;
@@ -1545,7 +1547,7 @@ void softmax_row(const T* x, int64_t n, float temperature, float* out) {
   const __m512 wide_scale = _mm512_set1_ps(inverse_temperature), wide_shift = _mm512_set1_ps(top);
   for (; i + 16 <= n; i += 16) {  // the same lanes' operations as 8 at a time, twice
     const __m512 values = load16(x + i);
-    const __mmask16 kept = _mm512_cmp_ps_mask(values, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+    const __mmask16 kept = _mm512_cmp_ps_mask(values, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ);  // NaN kept
     const __m512 e = _mm512_maskz_mov_ps(
         kept, exp_nonpositive(_mm512_sub_ps(_mm512_mul_ps(values, wide_scale), wide_shift)));
     _mm512_storeu_ps(out + i, e);
@@ -1574,7 +1576,8 @@ void softmax_row(const T* x, int64_t n, float temperature, float* out) {
   top *= inverse_temperature;
   double total = 0.0;  // one lane: in float64, so that a vocabulary's many additions round no worse than 8 lanes'
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = to_float(x[i]) == -INFINITY ? 0.0f : std::exp(to_float(x[i]) * inverse_temperature - top);
+    const float y = to_float(x[i]) * inverse_temperature;
+    out[i] = to_float(x[i]) == -INFINITY ? 0.0f : std::exp(std::fmax(y - top, -87.0f));  // the vectors' clamp
     total += out[i];
   }
   const float inverse_total = static_cast<float>(1.0 / total);

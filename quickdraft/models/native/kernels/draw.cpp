@@ -1,7 +1,7 @@
 // Drawing one token per row of probabilities by inverting its cumulative distribution at a uniform number:
 // `torch.ops.quickdraft.draw`, the rule quickdraft/categorical.py states and computes in torch with the same bits.
-// Here a row costs one pass over its values, its blocks' sums taken side by side, instead of torch's float64 copy
-// and a cumulative sum whose additions wait on one another (scripts/draw_cost.py).
+// Here a row costs a pass over its values, its blocks' sums taken side by side, and one over the chosen block,
+// instead of torch's float64 copy and a cumulative sum whose additions wait on one another (scripts/draw_cost.py).
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
