@@ -8,8 +8,8 @@ sum within the block exceeds what the point leaves past the blocks before it (or
 at the block's own sum or past it, the block's last token of positive probability). A zero-probability token is
 never drawn. On the CPU, once quickdraft's kernels are loaded (the native runtime loads them),
 `torch.ops.quickdraft.draw` computes the same bits in a pass over the row and one over the chosen block; elsewhere
-torch does (on the CPU with the same bits; another device's cumulative sums may add in another order)
-(`scripts/draw_cost.py` times both, and torch.multinomial, which draws one exponential per vocabulary entry).
+torch does: on the CPU with the same bits, on another device perhaps not (its cumulative sums may add in another
+order). `scripts/draw_cost.py` times both, and torch.multinomial, which draws one exponential per vocabulary entry.
 """
 
 import torch

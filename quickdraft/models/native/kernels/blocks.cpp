@@ -1567,9 +1567,10 @@ void softmax_row(const T* x, int64_t n, float temperature, float* out) {
     std::copy(tail, tail + (n - i), out + i);
     total8 = _mm256_add_ps(total8, _mm256_loadu_ps(tail));
   }
-  const __m256 factor = _mm256_set1_ps(1.0f / lanes_sum(total8));
+  const float inverse_total = 1.0f / lanes_sum(total8);
+  const __m256 factor = _mm256_set1_ps(inverse_total);
   for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), factor));
-  for (; i < n; ++i) out[i] *= _mm256_cvtss_f32(factor);
+  for (; i < n; ++i) out[i] *= inverse_total;
 #else
   float top = -INFINITY;
   for (int64_t i = 0; i < n; ++i) top = std::max(top, to_float(x[i]));
