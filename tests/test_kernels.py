@@ -97,8 +97,8 @@ def test_block_product_is_the_int8_activation_product_of_the_exact_weights(kind,
 @pytest.mark.parametrize("outputs", [70, 78])  # 9 panels, the last of 6 columns alone; 10, the last in a pair
 def test_block_product_rows_are_the_same_bits_whatever_else_is_in_the_call(kind, dtype, outputs):
     """A row is the same bits alone, among 1..39 others (on AVX-512 VNNI, 4 rows or more take panels in pairs, 6 or
-    more on Zen 4 (`pair_rows`), and an 8-bit product of up to 8 rows takes them in one pass, of more in passes of 4)
-    and on 1 thread."""
+    more on Zen 4, every row count on Intel (`pair_rows`), and an 8-bit product of up to 8 rows takes them in one
+    pass, of more in passes of 4) and on 1 thread."""
     product, _ = random_matrix(kind, outputs, 512, seed=2)
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(4)).to(dtype)
     together = product(x)
@@ -159,9 +159,10 @@ def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatc
     assert instruction_sets() == ("portable",)
 
 
-def test_zen_4_takes_panel_pairs_from_6_rows_and_other_cpus_from_4(tmp_path):
-    """Zen 4 runs each 512-bit instruction as two 256-bit halves, and pairs pay there only from 6 rows (blocks.cpp's
-    kPairRows comes from `pair_rows`; the bits are the same either way, which the tests above check)."""
+def test_panel_pairs_from_1_row_on_intel_6_on_zen_4_and_4_elsewhere(tmp_path):
+    """Zen 4 runs each 512-bit instruction as two 256-bit halves, and pairs pay there only from 6 rows; on an Intel
+    Xeon they pay from a single row (blocks.cpp's kPairRows comes from `pair_rows`; the bits are the same either
+    way, which the tests above check)."""
     from quickdraft.models.native.kernels import cpu_fields, pair_rows
 
     cpuinfo = tmp_path / "cpuinfo"
@@ -171,7 +172,7 @@ def test_zen_4_takes_panel_pairs_from_6_rows_and_other_cpus_from_4(tmp_path):
     assert fields["vendor_id"] == "AuthenticAMD" and fields["flags"] == "fpu avx2 avx512f"  # the first processor's
     assert pair_rows(fields) == 6
     assert pair_rows({**fields, "cpu family": "26"}) == 4  # Zen 5: 512-bit instructions at full width
-    assert pair_rows({"vendor_id": "GenuineIntel", "cpu family": "6"}) == 4
+    assert pair_rows({"vendor_id": "GenuineIntel", "cpu family": "6"}) == 1
     assert cpu_fields(tmp_path / "missing") == {} and pair_rows({}) == 4
 
 

@@ -546,9 +546,10 @@ void rows_pass(const Panels& panels, const QuantizedRows& x, int64_t row, int64_
 #ifdef QUICKDRAFT_PANEL_PAIRS
 // Products of at least this many rows take panels two at a time: half the instructions per weight byte, which pays
 // once the arithmetic, not the weights' streaming, decides. The build passes it per CPU (kernels/__init__.py,
-// `pair_rows`), measured in whole forwards (docs/native_runtime.md, stops 46, 50 and 57): from 4 rows where 512-bit
-// instructions run at full width (a Zen 5 EPYC: a 4-token forward 6-10% faster, a 16-sequence decode step about 2 ms
-// of 14; at 2 and 3 rows slower), from 6 on Zen 4, which runs them as two 256-bit halves. Either way the same bits.
+// `pair_rows`), measured in whole forwards (docs/native_runtime.md, stops 46, 50, 57 and 61): from 1 row on an
+// Intel Xeon (a decode row too), from 4 on a Zen 5 EPYC (a 4-token forward 6-10% faster, a 16-sequence decode step
+// about 2 ms of 14; at 2 and 3 rows slower), from 6 on Zen 4, which runs 512-bit instructions as two 256-bit
+// halves. Either way the same bits.
 constexpr int64_t kPairRows = QUICKDRAFT_PAIR_ROWS;
 #else
 constexpr int64_t kPairRows = INT64_MAX;  // no 512-bit vectors: one panel at a time
