@@ -7,6 +7,7 @@
 # DRAFTER (serve's default drafters, what "speculation" runs: e.g. ngram,head; unset: serve's own default),
 # ALSO (more drafter settings measured on the same server, each named in the request body, separated by ';', e.g.
 # ALSO=ngram: n-gram lookup alone beside the default),
+# LLAMA_ARGS (more llama-server arguments, e.g. --no-repack where its AMX weight repacking crashes, stop 61),
 # CONCURRENCY (1,2,4,8,16), MAX_TOKENS (128), STEP_TOKENS (serve's default), REQUESTS (bench-serve's default,
 # max(C, prompts) at concurrency C: one burst at 16; more keep C streams busy longer), ROUNDS (1: quickdraft's
 # configurations are measured that many times on one server, a level at a time, back to back, and each round's
@@ -25,6 +26,7 @@ step_tokens=${STEP_TOKENS:-}
 drafter=${DRAFTER:-}
 also=${ALSO:-}
 requests=${REQUESTS:-}
+read -ra llama_args <<< "${LLAMA_ARGS:-}"
 rounds=${ROUNDS:-1}
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
 bin="$(cd "$(dirname "$0")/.." && pwd)/.venv/bin"
@@ -87,7 +89,7 @@ if [ -n "$llama_bin" ]; then
     spec=()
     if [ "$mode" != plain ]; then spec=(--spec-type "$mode"); fi
     "$llama_bin/llama-server" -m "$gguf" -t "$threads" -np "$max_batch" -c $((max_batch * 4096)) --port "$port" \
-      "${spec[@]}" -fa off --jinja > "$out/llama-server-$mode.log" 2>&1 &
+      "${spec[@]}" "${llama_args[@]}" -fa off --jinja > "$out/llama-server-$mode.log" 2>&1 &
     server=$!
     wait_healthy "$port"
     # cache_prompt false: the sweep sends the same prompts at every level, and llama-server would answer them from
