@@ -74,8 +74,8 @@ def cpu_flags() -> frozenset[str]:
 
 def pair_rows(fields: dict[str, str]) -> int:
     """Rows from which an AVX-512 build's products take two panels a pass (blocks.cpp's kPairRows), for the CPU of
-    these /proc/cpuinfo `fields`: every row count on Intel's (a Xeon with AMX: a 1-token forward 7% faster on
-    smollm2 and 13-17% on gemma-3 than on single panels, 2 and 3 tokens likewise; stop 61); 6 on AMD's Zen 4
+    these /proc/cpuinfo `fields`: every row count on Intel's (a Xeon with AMX: a 1-token forward about 8% faster
+    on smollm2 and 11-17% on gemma-3 than on single panels, 2 and 3 tokens likewise; stop 61); 6 on AMD's Zen 4
     (family 25 with AVX-512), which runs each 512-bit instruction as two 256-bit halves, so that a pair saves it no
     arithmetic and at 4 rows costs a 4-token forward about 8% more than single panels; 4 elsewhere (a Zen 5 EPYC,
     where pairs were slower at 2 and 3 rows; docs/native_runtime.md, stops 50, 57 and 61)."""
