@@ -415,6 +415,23 @@ def test_llama_cpp_generations_stop_at_the_models_end_of_sequence():
     assert generation.time_to_first_token == min(0.03, generation.wall_seconds)  # its prompt_ms, within the call
 
 
+def test_a_llama_server_that_crashes_at_start_is_named_in_one_line(tmp_path, tiny_dirs, capsys):
+    """llama.cpp's AMX repacking segfaults llama-server at start on some Xeons (stop 61): the bench stops with a
+    line that names the crash, not a bare negative exit code, and the exit code of a usage error."""
+    import sys
+
+    bin_dir = tmp_path / "crashing-bin"
+    bin_dir.mkdir()
+    server = bin_dir / "llama-server"
+    crash = "import os, signal, sys; print('loading model', file=sys.stderr, flush=True); os.kill(os.getpid(), 11)"
+    server.write_text(f"#!{sys.executable}\n{crash}\n")
+    server.chmod(0o755)
+    model_dir = gguf_converted_copy(tmp_path, tiny_dirs["llama"])
+    assert main(llama_cpp_bench(tmp_path, model_dir, bin_dir)) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "llama-server crashed (SIGSEGV) while loading" in error and error.endswith("(its last line: loading model)")
+
+
 def test_llama_cpp_needs_a_build_with_llama_server_and_a_model_from_a_gguf_file(tmp_path, tiny_dirs, capsys):
     empty_bin = tmp_path / "empty-bin"
     empty_bin.mkdir()

@@ -11,6 +11,7 @@ continuation (token ids in, token ids out, end of sequence ignored) and stops th
 """
 
 import json
+import signal
 import socket
 import statistics
 import subprocess
@@ -112,12 +113,25 @@ class LlamaServer:
         return _post(self.base + "/completion", request)
 
 
+def _ended_early(returncode: int, gguf: Path, last: str) -> str:
+    """Why a llama-server ended before it was ready, in one line: its exit code, or the signal that stopped it (a
+    crash of that build on this CPU, not a fault of the model: on an Intel Xeon with AMX, llama.cpp 0c1e57098's
+    default weight repacking crashes it at start, docs/native_runtime.md, stop 61)."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else f"signal {-returncode}"
+        return (
+            f"llama-server crashed ({name}) while loading {gguf}: a fault of that llama.cpp build on this CPU; "
+            f"run the same command by hand to see it (its last line: {last})"
+        )
+    return f"llama-server exited on {gguf} (exit {returncode}): {last}"
+
+
 def _wait_until_ready(server: subprocess.Popen, base: str, gguf: Path) -> None:
     deadline = time.monotonic() + SERVER_START_SECONDS
     while time.monotonic() < deadline:
         if server.poll() is not None:
             last = (server.stderr.read().strip().splitlines() or ["no output"])[-1]
-            raise UsageError(f"llama-server exited on {gguf} (exit {server.returncode}): {last}")
+            raise UsageError(_ended_early(server.returncode, gguf, last))
         try:
             with urllib.request.urlopen(base + "/health", timeout=2) as answer:
                 if answer.status == 200:
