@@ -326,14 +326,14 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 '''
 
 
-def fake_llama_cpp(tmp_path: Path) -> Path:
-    """A bin/ folder whose llama-server is `FAKE_LLAMA_SERVER`."""
+def fake_llama_cpp(tmp_path: Path, script: str = FAKE_LLAMA_SERVER) -> Path:
+    """A bin/ folder whose llama-server is `script` (`FAKE_LLAMA_SERVER` unless said), run by this Python."""
     import sys
 
     bin_dir = tmp_path / "llama-bin"
     bin_dir.mkdir()
     server = bin_dir / "llama-server"
-    server.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    server.write_text(script.format(python=sys.executable))
     server.chmod(0o755)
     return bin_dir
 
@@ -418,16 +418,10 @@ def test_llama_cpp_generations_stop_at_the_models_end_of_sequence():
 def test_a_llama_server_that_crashes_at_start_is_named_in_one_line(tmp_path, tiny_dirs, capsys):
     """llama.cpp's AMX repacking segfaults llama-server at start on some Xeons (stop 61): the bench stops with a
     line that names the crash, not a bare negative exit code, and the exit code of a usage error."""
-    import sys
-
-    bin_dir = tmp_path / "crashing-bin"
-    bin_dir.mkdir()
-    server = bin_dir / "llama-server"
-    crash = "import os, signal, sys; print('loading model', file=sys.stderr, flush=True); os.kill(os.getpid(), 11)"
-    server.write_text(f"#!{sys.executable}\n{crash}\n")
-    server.chmod(0o755)
+    crash = "#!{python}\nimport os, signal, sys\nprint('loading model', file=sys.stderr, flush=True)\n"
+    crash += "os.kill(os.getpid(), signal.SIGSEGV)\n"
     model_dir = gguf_converted_copy(tmp_path, tiny_dirs["llama"])
-    assert main(llama_cpp_bench(tmp_path, model_dir, bin_dir)) == 2
+    assert main(llama_cpp_bench(tmp_path, model_dir, fake_llama_cpp(tmp_path, crash))) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "llama-server crashed (SIGSEGV) while loading" in error and error.endswith("(its last line: loading model)")
 

@@ -118,7 +118,10 @@ def _ended_early(returncode: int, gguf: Path, last: str) -> str:
     crash of that build on this CPU, not a fault of the model: on an Intel Xeon with AMX, llama.cpp 0c1e57098's
     default weight repacking crashes it at start, docs/native_runtime.md, stop 61)."""
     if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else f"signal {-returncode}"
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a signal number the enum does not name (the real-time ones)
+            name = f"signal {-returncode}"
         return (
             f"llama-server crashed ({name}) while loading {gguf}: a fault of that llama.cpp build on this CPU; "
             f"run the same command by hand to see it (its last line: {last})"
