@@ -1678,11 +1678,10 @@ void silu_rows(const at::Tensor& gate_up, at::Tensor& result) {
       int64_t i = 0;
 #ifdef QUICKDRAFT_AVX2
       const __m256 one = _mm256_set1_ps(1.0f);
-      // silu(g) = g / (1 + e^-g), through e = e^-|g| so the exp never overflows; outputs i..i+7
+      // silu(g) = g / (1 + e^-g), through e = e^-|g| so the exp never overflows: sigmoid(g) = 1 / (1 + e) for g >= 0,
+      // e / (1 + e) below, the numerator chosen by g's sign bit before the one division; outputs i..i+7
       const auto store_silu = [&](int64_t i, __m256 g, __m256 e) {
-        const __m256 positive = _mm256_div_ps(one, _mm256_add_ps(one, e));
-        const __m256 negative = _mm256_div_ps(e, _mm256_add_ps(one, e));
-        const __m256 sigmoid = _mm256_blendv_ps(positive, negative, g);  // by g's sign bit
+        const __m256 sigmoid = _mm256_div_ps(_mm256_blendv_ps(one, e, g), _mm256_add_ps(one, e));
         store8(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), load8(up + i)));
       };
 #ifdef __AVX512F__
