@@ -206,8 +206,11 @@ def test_slots_are_reused_and_refused_when_misused(model_dir):
     runner = native_runner_for(model_dir, "int8")
     first, second = runner.open_slot(), runner.open_slot()
     runner.forward_batch([SequenceStep(first, (2, 3, 4), "none")])
+    cache = runner._slots[first]
     runner.close_slot(first)
+    runner._new_cache = lambda: pytest.fail("reopening a closed slot allocated a new cache")
     assert runner.open_slot() == first and runner.slot_length(first) == 0  # reused, empty
+    assert runner._slots[first] is cache
     with pytest.raises(InternalError):
         runner.forward_batch([SequenceStep(second, (2,)), SequenceStep(second, (3,))])
     with pytest.raises(InternalError):

@@ -141,7 +141,9 @@ class NativeRunner:
 
     def open_slot(self) -> int:
         slot = self._free.pop() if self._free else len(self._slots)
-        self._slots.setdefault(slot, self._new_cache()).rollback(0)
+        if slot not in self._slots:  # a closed slot keeps its cache: reopening it allocates nothing
+            self._slots[slot] = self._new_cache()
+        self._slots[slot].rollback(0)
         return slot
 
     def close_slot(self, slot: int) -> None:
