@@ -116,6 +116,10 @@ def test_a_failing_or_missing_llama_bench_is_a_usage_error(tmp_path):
     bin_dir = fake_llama_bench(tmp_path / "bin", "echo 'error: failed to load model' >&2; exit 1")
     with pytest.raises(UsageError, match="exit 1.*failed to load model"):
         decode_tokens_per_second(bin_dir, tmp_path / "m.gguf", 2, 64, 5)
+    crashing = fake_llama_bench(tmp_path / "crashing", "echo 'llama_model_load: loaded' >&2; kill -SEGV $$")
+    crash = r"llama-bench crashed \(SIGSEGV\) while running .*last line: llama_model_load"
+    with pytest.raises(UsageError, match=crash):
+        decode_tokens_per_second(crashing, tmp_path / "m.gguf", 2, 64, 5)
 
 
 def test_the_gguf_source_of_a_model_is_its_file_or_none(tmp_path, tiny_dirs, monkeypatch):

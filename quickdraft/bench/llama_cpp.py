@@ -41,7 +41,7 @@ def decode_tokens_per_second(bin_dir: Path, gguf: Path, threads: int, tokens: in
     done = subprocess.run(command, capture_output=True, text=True, timeout=BENCH_TIMEOUT_SECONDS)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"llama-bench failed on {gguf} (exit {done.returncode}): {last}")
+        raise UsageError(_ended_early("llama-bench", "running", done.returncode, gguf, last))
     try:
         (result,) = json.loads(done.stdout)
         return statistics.median(float(speed) for speed in result["samples_ts"])
@@ -113,20 +113,21 @@ class LlamaServer:
         return _post(self.base + "/completion", request)
 
 
-def _ended_early(returncode: int, gguf: Path, last: str) -> str:
-    """Why a llama-server ended before it was ready, in one line: its exit code, or the signal that stopped it (a
-    crash of that build on this CPU, not a fault of the model: on an Intel Xeon with AMX, llama.cpp 0c1e57098's
-    default weight repacking crashes it at start, docs/native_runtime.md, stop 61)."""
+def _ended_early(program: str, doing: str, returncode: int, gguf: Path, last: str) -> str:
+    """Why a llama.cpp `program` (llama-bench, llama-server) ended before giving what it was run for, in one line:
+    its exit code, or the signal that stopped it while `doing` the model (a crash of that build on this CPU, not a
+    fault of the model: on an Intel Xeon with AMX, llama.cpp 0c1e57098's default weight repacking crashes
+    llama-server at start and llama-bench's prompt blocks, docs/native_runtime.md, stop 61)."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:  # a signal number the enum does not name (the real-time ones)
             name = f"signal {-returncode}"
         return (
-            f"llama-server crashed ({name}) while loading {gguf}: a fault of that llama.cpp build on this CPU; "
+            f"{program} crashed ({name}) while {doing} {gguf}: a fault of that llama.cpp build on this CPU; "
             f"run the same command by hand to see it (its last line: {last})"
         )
-    return f"llama-server exited on {gguf} (exit {returncode}): {last}"
+    return f"{program} exited on {gguf} (exit {returncode}): {last}"
 
 
 def _wait_until_ready(server: subprocess.Popen, base: str, gguf: Path) -> None:
@@ -134,7 +135,7 @@ def _wait_until_ready(server: subprocess.Popen, base: str, gguf: Path) -> None:
     while time.monotonic() < deadline:
         if server.poll() is not None:
             last = (server.stderr.read().strip().splitlines() or ["no output"])[-1]
-            raise UsageError(_ended_early(server.returncode, gguf, last))
+            raise UsageError(_ended_early("llama-server", "loading", server.returncode, gguf, last))
         try:
             with urllib.request.urlopen(base + "/health", timeout=2) as answer:
                 if answer.status == 200:
