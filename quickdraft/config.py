@@ -11,6 +11,8 @@ from typing import Literal, get_args
 from quickdraft.errors import UsageError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_STEP_TOKENS = 128  # prompt tokens all prefilling requests may feed in one engine step, together (one
+# PREFILL_BLOCK; BENCHMARKS.md, "Prefill budget per step": a lower TTFT p50 than 256 at 4, 8 and 16 streams)
 
 Runtime = Literal["auto", "native", "hf"]
 DType = Literal["auto", "float32", "bfloat16", "int8", "gguf"]

@@ -5,6 +5,8 @@ import contextlib
 import gc
 import io
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -207,6 +209,21 @@ def test_levels_run_with_the_garbage_collector_off(server, prompts_file, tmp_pat
     gc.unfreeze()  # what the levels froze goes back to the collector
     assert code == 0, stderr
     assert collector_on_during_levels == [False, False] and gc.isenabled()
+
+
+def test_the_load_generator_needs_neither_torch_nor_transformers(server, prompts_file, tmp_path):
+    """A person measuring a provider runs `bench-serve` against a remote endpoint: it neither imports the model
+    stack (seconds of start-up on every run) nor needs it installed, and `quickdraft --help` does not either."""
+    blocked = "import sys, runpy; sys.modules.update(torch=None, transformers=None); "
+    run = "sys.argv = ['quickdraft', *sys.argv[1:]]; runpy.run_module('quickdraft', run_name='__main__')"
+    argv = ["bench-serve", "--url", server.base_url, "--api-key", API_KEY, "--prompts", str(prompts_file)]
+    argv += ["--per-category", "1", "--concurrency", "1", "--max-tokens", "4", "--out", str(tmp_path / "run")]
+    for words, expected in ((argv, "| concurrency | TTFT p50 ms |"), (["--help"], "bench-serve")):
+        done = subprocess.run(
+            [sys.executable, "-c", blocked + run, *words], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        assert expected in done.stdout
 
 
 def assert_plots_drawn(out):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from quickdraft.commands import models_cmd
+from quickdraft.cli import build_parser
 from quickdraft.config import SpecConfig
 from quickdraft.drafters.corpus import SHIPPED_TABLES
 from quickdraft.drafters.head.drafter import SHIPPED_HEADS
@@ -417,9 +417,7 @@ def test_cache_location_honours_the_environment(tmp_path, monkeypatch):
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="quickdraft")
-    models_cmd.register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return build_parser({"models"}).parse_args(argv)
 
 
 def test_models_list_prints_a_table(cache, capsys):

@@ -7,40 +7,37 @@ import shlex
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
-
-import torch
-import transformers
 
 import quickdraft
 
 PACKAGE_ROOT = Path(quickdraft.__file__).resolve().parent.parent
 
 
-def provenance(dataset: Path) -> dict:
-    """A dict to store with results so anyone can tell how and where they were produced."""
+def provenance(dataset: Path, torch_threads: int | None = None) -> dict:
+    """A dict to store with results so anyone can tell how and where they were produced. `torch_threads`: what the
+    models ran on, where they ran in this process (a load generator for a server runs none); read without importing
+    torch, whose versions are the installed ones."""
     return {
         "command_line": shlex.join(["quickdraft", *sys.argv[1:]]) if _run_as_cli() else shlex.join(sys.argv),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git": git_state(PACKAGE_ROOT),
         "versions": {
             "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
+            "torch": version("torch"),
+            "transformers": version("transformers"),
         },
-        "machine": machine_info(),
+        "machine": machine_info(torch_threads),
         "dataset": {"path": str(dataset), "sha256": hashlib.sha256(Path(dataset).read_bytes()).hexdigest()},
     }
 
 
-def machine_info() -> dict:
-    return {
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": list(os.getloadavg()),
-    }
+def machine_info(torch_threads: int | None = None) -> dict:
+    info = {"platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count()}
+    if torch_threads is not None:
+        info["torch_threads"] = torch_threads
+    return info | {"load_average": list(os.getloadavg())}
 
 
 def git_state(root: Path) -> dict:

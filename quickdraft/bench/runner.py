@@ -102,7 +102,7 @@ class BenchConfig:
 
 def run_bench(config: BenchConfig) -> dict:
     """Run the benchmark; returns a JSON-ready dict with provenance, costs and every measurement."""
-    meta = provenance(config.dataset)
+    meta = provenance(config.dataset, torch.get_num_threads())
     prompts = select_prompts(load_prompts(config.dataset), list(config.categories or []) or None, config.limit)
     model_dir = local_model_dir(config.model)
     target = load_model_dir(
@@ -124,7 +124,7 @@ def run_bench(config: BenchConfig) -> dict:
         _mark_identity(rows, config)
     meta.update(
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        machine_at_end=machine_info(),
+        machine_at_end=machine_info(torch.get_num_threads()),
         chat_template=chat,
         runner=type(target.runner).__name__,
         weights=matrix_forms(target.runner),  # e.g. {"int4": 120, ...}

@@ -11,10 +11,13 @@ since the comma separates the list; everywhere else (`generate --drafter`, `serv
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from quickdraft.config import DEFAULT_MODEL, DTYPES, RUNTIMES
-from quickdraft.engine import DEFAULT_STEP_TOKENS, Engine
+from quickdraft.config import DEFAULT_MODEL, DEFAULT_STEP_TOKENS, DTYPES, RUNTIMES
 from quickdraft.errors import UsageError
+
+if TYPE_CHECKING:  # the engine (torch, transformers) is imported by the commands that load a model, when they run
+    from quickdraft.engine import Engine
 
 DEFAULT_MAX_BATCH = 8  # requests generated at once by serve and batch; see BENCHMARKS.md (the serving sweep)
 
@@ -83,9 +86,11 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_engine(args: argparse.Namespace, max_batch: int = 1, step_tokens: int = DEFAULT_STEP_TOKENS) -> Engine:
+def load_engine(args: argparse.Namespace, max_batch: int = 1, step_tokens: int = DEFAULT_STEP_TOKENS) -> "Engine":
     """The engine the flags of `add_model_arguments` name, running up to `max_batch` requests at once and
     prefilling `step_tokens` prompt tokens a step."""
+    from quickdraft.engine import Engine
+
     if max_batch < 1:
         raise UsageError(f"--max-batch must be >= 1, got {max_batch}")
     if step_tokens < 1:

@@ -36,12 +36,8 @@ class BatchLine:
     id: object = None
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "batch",
-        help="run a JSONL file of prompts through the batched engine",
-        description="Generate answers for a JSONL file of prompts, many at once; results go to a JSONL file.",
-    )
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Generate answers for a JSONL file of prompts, many at once; results go to a JSONL file."
     parser.add_argument("input", type=Path, help="JSONL: one object per line with prompt or messages")
     parser.add_argument("--out", type=Path, required=True, help="JSONL file the results are written to")
     add_model_arguments(parser)

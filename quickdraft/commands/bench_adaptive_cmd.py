@@ -20,13 +20,11 @@ from quickdraft.models.store import cache_dir, local_model_dir
 RANDOM_DRAFT = "random-draft"
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "bench-adaptive",
-        help="benchmark --k auto against the target alone and every fixed k",
-        description="Side by side in one process: target alone, each fixed k, and --k auto, on a hopeless drafter "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Side by side in one process: target alone, each fixed k, and --k auto, on a hopeless drafter "
         "(safety) and on ngram (or --drafters) with real prompts (quality). "
-        "Writes adaptive.md, adaptive.png and adaptive.json.",
+        "Writes adaptive.md, adaptive.png and adaptive.json."
     )
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})"

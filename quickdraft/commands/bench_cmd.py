@@ -20,12 +20,10 @@ from quickdraft.errors import UsageError
 from quickdraft.models.loading import check_device
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "bench",
-        help="measure speedups of drafters vs the target alone on a Spec-Bench style prompt file",
-        description="Run every method on every prompt, interleaved, several times; write results.json, "
-        "report.md and PNG plots to --out.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Run every method on every prompt, interleaved, several times; write results.json, "
+        "report.md and PNG plots to --out."
     )
     parser.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"target: built-in name or HF directory (default {DEFAULT_MODEL})"

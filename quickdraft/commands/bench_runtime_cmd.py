@@ -16,8 +16,7 @@ from quickdraft.models.native import NATIVE_DTYPES
 BUILT_IN_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench-runtime", help="decode speed and verification cost v(k) per runtime")
+def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--models",
         default=",".join(BUILT_IN_MODELS),
@@ -53,7 +52,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_device_argument(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per model instead of a table")
     parser.set_defaults(func=run)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,13 +25,11 @@ from quickdraft.errors import UsageError
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "bench-serve",
-        help="load-test any OpenAI-compatible chat endpoint: TTFT, TPOT, tok/s and goodput per concurrency",
-        description="Send streamed chat requests to --url with C in flight at each concurrency C (closed loop); "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Send streamed chat requests to --url with C in flight at each concurrency C (closed loop); "
         "write results.json, report.md, latency.png and throughput.png to --out. With --combine, measure "
-        "nothing: put earlier runs side by side; with --merge, join one configuration's runs of some levels each.",
+        "nothing: put earlier runs side by side; with --merge, join one configuration's runs of some levels each."
     )
     parser.add_argument(
         "--url",
@@ -93,7 +91,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", required=True, type=Path, help="directory for the results, report and plots")
     parser.set_defaults(func=run)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

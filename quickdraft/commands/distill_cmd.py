@@ -19,15 +19,13 @@ from quickdraft.errors import UsageError
 from quickdraft.models.loading import load_model
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "distill",
-        help="train a draft head on the target's own answers (self-distillation)",
-        description="Generate the target's answers to training prompts (never Spec-Bench's) with the batched "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Generate the target's answers to training prompts (never Spec-Bench's) with the batched "
         "engine, then train an EAGLE-3 draft head on its hidden states. Every stage resumes with --resume. "
         "`quickdraft distill export DIR --format speculators|eagle3 --out OUT` writes a head for vLLM, SGLang or "
         "llama.cpp's converter. `quickdraft distill table DATA --out FILE` counts the answers into a table for "
-        "the corpus drafter.",
+        "the corpus drafter."
     )
     parser.add_argument("--target", default=DEFAULT_MODEL, help=f"target model name or path (default {DEFAULT_MODEL})")
     parser.add_argument(

@@ -13,11 +13,9 @@ from quickdraft.stats import GenerationStats
 WARMUP_TOKENS = 4  # a short untimed run first, so neither timed run pays one-time start-up costs
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "generate",
-        help="generate text with speculative decoding",
-        description="Generate text with speculative decoding; the output is exactly what the target alone would write.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Generate text with speculative decoding; the output is exactly what the target alone would write."
     )
     parser.add_argument(
         "prompt", help="the prompt: a user message in the model's chat template when it has one, else plain text"

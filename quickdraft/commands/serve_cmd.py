@@ -34,13 +34,9 @@ from quickdraft.server.settings import (
 STREAM_END_MARGIN = 1.0  # seconds before --shutdown-timeout runs out at which unfinished jobs are cancelled
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="serve the model over an OpenAI-compatible HTTP API",
-        description=(
-            "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics)."
-        ),
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /metrics)."
     )
     add_model_arguments(parser)
     parser.add_argument(
