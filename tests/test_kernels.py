@@ -146,7 +146,7 @@ def test_block_products_are_the_same_bits_on_every_instruction_set(kind, dtype):
     assert digest.hexdigest()[:16] == PRODUCT_DIGESTS[kind, dtype], f"instruction set {built_instruction_set()}"
 
 
-def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatch):
+def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line_and_an_empty_one_is_unset(monkeypatch):
     from quickdraft.errors import ModelError
     from quickdraft.models.native.kernels import instruction_sets
 
@@ -157,6 +157,10 @@ def test_an_instruction_set_the_cpu_cannot_run_is_refused_in_one_line(monkeypatc
         instruction_sets()
     monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "portable")
     assert instruction_sets() == ("portable",)
+    monkeypatch.delenv("QUICKDRAFT_KERNELS_ISA")
+    unset = instruction_sets()
+    monkeypatch.setenv("QUICKDRAFT_KERNELS_ISA", "")  # set but empty (`QUICKDRAFT_KERNELS_ISA= cmd`): as if unset
+    assert instruction_sets() == unset
 
 
 def test_panel_pairs_from_1_row_on_intel_6_on_zen_4_and_4_elsewhere(tmp_path):

@@ -88,11 +88,11 @@ def pair_rows(fields: dict[str, str]) -> int:
 def instruction_sets() -> tuple[str, ...]:
     """The sets of INSTRUCTION_SETS whose flags the CPU has, best first: "avx512vnni" or "avxvnni" (AVX2 with byte
     dot products into 32-bit lanes), "avx2" (AVX2, FMA and F16C), "portable". QUICKDRAFT_KERNELS_ISA names the one
-    to build instead (one this CPU runs), to compare the sets' bits on one machine."""
+    to build instead (one this CPU runs), to compare the sets' bits on one machine; set but empty, it is unset."""
     flags = cpu_flags()
     runnable = tuple(name for name, (needs, _) in INSTRUCTION_SETS.items() if set(needs) <= flags)
     chosen = os.environ.get("QUICKDRAFT_KERNELS_ISA")
-    if chosen is None:
+    if not chosen:  # `QUICKDRAFT_KERNELS_ISA= cmd`, as shells clear a variable for one command
         return runnable
     if chosen not in runnable:
         raise ModelError(f"QUICKDRAFT_KERNELS_ISA={chosen} is not one this CPU runs; use one of {', '.join(runnable)}")
