@@ -40,6 +40,7 @@ from quickdraft.drafters.registry import check_name, make_drafter
 from quickdraft.errors import UsageError
 from quickdraft.models.base import SequenceOutput, SequenceStep, synchronize
 from quickdraft.models.loading import LoadedModel, load_model
+from quickdraft.models.native.kernels import argmax_each
 from quickdraft.models.registry import default_drafter
 from quickdraft.models.single_slot import batch_view
 from quickdraft.output import Event, Failed, Finished, RequestOutput, TextDelta
@@ -287,9 +288,12 @@ class Engine:
             self._memory.target.observe(self.last_step[1], seconds, len(parts))
         for (request, part), out in zip(prefills, outputs):
             self._guarded(request, lambda r=request, p=part, o=out: r.take_prefill(p, o))
-        for (request, plan), out in zip(decodes, outputs[len(prefills) :]):
+        verified = list(zip(decodes, outputs[len(prefills) :]))
+        greedy_ids = iter(argmax_each([out.logits for (request, _), out in verified if request.params.greedy]))
+        for (request, plan), out in verified:
             request.stats.verify_seconds += seconds
-            self._guarded(request, lambda r=request, p=plan, o=out: self._verified(r, p, o, committed))
+            ids = next(greedy_ids) if request.params.greedy else None
+            self._guarded(request, lambda r=request, p=plan, o=out, i=ids: self._verified(r, p, o, i, committed))
         return self._collect()
 
     # --- the step's parts ---
@@ -349,9 +353,14 @@ class Engine:
         return prefills, decodes
 
     def _verified(
-        self, request: RunningRequest, plan: DecodePlan, out: SequenceOutput, committed: dict[int, int]
+        self,
+        request: RunningRequest,
+        plan: DecodePlan,
+        out: SequenceOutput,
+        greedy_ids: list[int] | None,
+        committed: dict[int, int],
     ) -> None:
-        keep = request.take_verification(plan, out, committed[request.request_id])
+        keep = request.take_verification(plan, out, committed[request.request_id], greedy_ids)
         self._batch.rollback_slot(request.slot, keep)
 
     def _guarded(self, request: RunningRequest, action: Callable[[], object]):

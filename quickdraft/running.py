@@ -17,7 +17,6 @@ from quickdraft.config import SamplingParams
 from quickdraft.controller import BatchLoad, Controller, Plan
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.models.base import PREFILL_BLOCK, SequenceOutput, SequenceStep
-from quickdraft.models.native.kernels import argmax
 from quickdraft.output import TARGET, Event, Failed, RequestOutput
 from quickdraft.stats import GenerationStats
 from quickdraft.verify import Verdict, greedy_verify, rejection_sample
@@ -119,9 +118,13 @@ class RunningRequest:
         token_ids = (self.output.pending, *decode.draft.token_ids)
         return SequenceStep(self.slot, token_ids, "all", self.hidden_layers)
 
-    def take_verification(self, decode: DecodePlan, out: SequenceOutput, committed_length: int) -> int:
-        """Verify the draft against the target's rows; returns the slot length to roll back to."""
-        verdict = _verify(decode.draft, out.logits, self.params, self.generator)
+    def take_verification(
+        self, decode: DecodePlan, out: SequenceOutput, committed_length: int, greedy_ids: list[int] | None
+    ) -> int:
+        """Verify the draft against the target's rows; returns the slot length to roll back to. `greedy_ids`: the
+        argmax of each of out's logit rows when the request is greedy (the engine takes every greedy request's of
+        a step in one kernel call), else None."""
+        verdict = _verify(decode.draft, out.logits, greedy_ids, self.params, self.generator)
         self.controller.observe(decode.plan, decode.draft, verdict, decode.draft_seconds)
         self._hand_states(out.hidden, verdict.num_accepted + 1)  # the states of the committed positions
         self.stats.record_step(len(decode.draft), verdict.num_accepted, decode.plan.drafter or "none")
@@ -158,8 +161,14 @@ class RunningRequest:
         return self.drafters[plan.drafter].propose(self.output.context, plan.k)
 
 
-def _verify(draft: Draft, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
-    if params.greedy:  # the kernels' argmax: torch's reads a 49k-wide row one value at a time (34 us a call)
-        return greedy_verify(draft.token_ids, argmax(target_logits).tolist())
+def _verify(
+    draft: Draft,
+    target_logits: torch.Tensor,
+    greedy_ids: list[int] | None,
+    params: SamplingParams,
+    generator: torch.Generator,
+) -> Verdict:
+    if params.greedy:
+        return greedy_verify(draft.token_ids, greedy_ids)
     draft_ids = torch.tensor(draft.token_ids, dtype=torch.long, device=target_logits.device)  # [k]
     return rejection_sample(draft_ids, draft.probs, sampling.WarpedRows(target_logits, params), generator)

@@ -30,8 +30,8 @@ class Recorder:
         verify, observe = running.RunningRequest.take_verification, controller.AdaptiveController.observe
         recorder = self
 
-        def take_verification(self, decode, out, committed_length):
-            keep = verify(self, decode, out, committed_length)
+        def take_verification(self, decode, out, committed_length, greedy_ids):
+            keep = verify(self, decode, out, committed_length, greedy_ids)
             if decode.plan.k:
                 recorder.steps.append((decode.plan.k, decode.plan.tokens - 1, keep - committed_length - 1))
             return keep

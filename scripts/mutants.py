@@ -220,6 +220,20 @@ MUTANTS = [
         ("tests/test_kernels.py", "-k", "argmax"),
     ),
     Mutant(
+        "argmax-each-reads-the-first-tensors-rows",
+        "quickdraft/models/native/kernels/blocks.cpp",
+        "for (int64_t r = 0; r < x.size(0); ++r) rows.emplace_back(static_cast<int64_t>(i), r);",
+        "for (int64_t r = 0; r < x.size(0); ++r) rows.emplace_back(0, r);",
+        ("tests/test_kernels.py", "-k", "argmax"),
+    ),
+    Mutant(
+        "greedy-verification-takes-another-requests-argmax",
+        "quickdraft/engine.py",
+        "greedy_ids = iter(argmax_each([out.logits for (request, _), out in verified if request.params.greedy]))",
+        "greedy_ids = iter(argmax_each([out.logits for (request, _), out in verified if request.params.greedy])[::-1])",
+        ("tests/test_batch_engine.py", "-k", "solo_greedy and llama and int8"),
+    ),
+    Mutant(
         "rope-table-from-torchs-float32-cos",
         "quickdraft/models/native/rope.py",
         "cos = torch.from_numpy(np.cos(angles)).float() * freqs.attention_scaling",

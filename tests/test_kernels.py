@@ -18,6 +18,7 @@ import torch
 from quickdraft.categorical import DRAW_BLOCK, inverse_cdf_in_torch
 from quickdraft.models.native.kernels import (
     argmax,
+    argmax_each,
     attend,
     built_instruction_set,
     eight_bit_matmul,
@@ -409,9 +410,11 @@ def test_attention_is_the_same_bits_on_every_vector_instruction_set(dtype):
 def test_argmax_is_torchs_first_maximum_with_ties_nans_and_signed_zeros(dtype):
     """The kernel's argmax is torch's on every row: the first index of the maximum, wherever it falls (in a vector
     pass or the tail past the last whole vector, ties between and within vectors), a NaN larger than any number
-    (the first NaN wins), -0 and +0 equal, rows of -inf; over widths around the vector sizes and a vocabulary's."""
+    (the first NaN wins), -0 and +0 equal, rows of -inf; over widths around the vector sizes and a vocabulary's; and
+    `argmax_each` over several such tensors' rows in one call gives each tensor's."""
     built_instruction_set()
     generator = torch.Generator().manual_seed(8)
+    tensors = []
     for width in (1, 7, 8, 31, 32, 33, 100, 49152):
         x = torch.randn(12, width, generator=generator).to(dtype)
         top = x.max()
@@ -428,7 +431,17 @@ def test_argmax_is_torchs_first_maximum_with_ties_nans_and_signed_zeros(dtype):
         x[9] = -0.0
         x[9, width - 1] = 0.0
         assert torch.equal(argmax(x), x.argmax(dim=-1)), f"width {width}"
+        tensors.append(x)
     assert argmax(x[0]).shape == () and argmax(x[:3].view(3, 1, -1)).shape == (3, 1)
+    pieces = [tensors[0][:1], tensors[3][2:9], tensors[7], tensors[7][:1], tensors[2][4:6]]  # widths and counts mixed
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):  # the rows spread over the threads
+            torch.set_num_threads(count)
+            assert argmax_each(pieces) == [piece.argmax(dim=-1).tolist() for piece in pieces]
+    finally:
+        torch.set_num_threads(threads)
+    assert argmax_each([]) == []
 
 
 def test_the_draw_kernel_picks_the_tokens_the_torch_computation_picks():

@@ -11,7 +11,9 @@ the runtime relies on: each output row is a function of its own input row only, 
 count or thread count (so a k-token verification row equals a 1-token row, a batched row its solo row, and for
 4-bit matrices a prompt row the decode row of the same input: one kernel serves every row count).
 
-`argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it).
+`argmax(x)`: each row's argmax, as torch's, in vector steps (the head drafter's greedy drafts call it);
+`argmax_each(xs)` of several tensors' rows in one call, the rows spread over threads (the engine's greedy
+verifications of a step).
 
 `torch.ops.quickdraft.softmax(x, temperature)`: each row's softmax of x / temperature (`sampling.softmax` calls it
 once the kernels are loaded), and `torch.ops.quickdraft.draw(probs, uniform, block)` (`draw.cpp`): a sampled token
@@ -27,8 +29,10 @@ under ~/.cache/torch_extensions). The build is named after the instruction set i
 shared by machines with different CPUs never loads a build the CPU cannot run.
 """
 
+import itertools
 import os
 import sys
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -241,11 +245,30 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     """x [..., V] -> int64 [...], what `x.argmax(dim=-1)` gives (the first index of each row's maximum; a NaN is larger
     than any number), vectorized: torch's reduction reads a logit row one value at a time. On another device or
     dtype, or while the kernels are not built (the transformers runner needs no compiler), torch's own."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not x.shape[-1]:
+    if not _kernel_argmax_reads(x):
         return x.argmax(dim=-1)
-    if built_instruction_set.cache_info().currsize == 0:  # never built in this process: build nothing for this
-        return x.argmax(dim=-1)
-    return torch.ops.quickdraft.argmax(x.reshape(-1, x.shape[-1]).contiguous()).view(x.shape[:-1])
+    return torch.ops.quickdraft.argmax([x.reshape(-1, x.shape[-1]).contiguous()]).view(x.shape[:-1])
+
+
+def argmax_each(xs: Sequence[torch.Tensor]) -> list[list[int]]:
+    """`argmax` of each [n_i, V] tensor, as lists of ints, in one kernel call over all their rows; torch's per tensor
+    where `argmax` would use torch's."""
+    if not all(_kernel_argmax_reads(x) for x in xs):
+        return [x.argmax(dim=-1).tolist() for x in xs]
+    flat = torch.ops.quickdraft.argmax([x.contiguous() for x in xs]).tolist() if xs else []
+    bounds = [0, *itertools.accumulate(x.shape[0] for x in xs)]
+    return [flat[begin:end] for begin, end in zip(bounds, bounds[1:])]
+
+
+def _kernel_argmax_reads(x: torch.Tensor) -> bool:
+    """Whether the kernel takes x: a CPU float32 or bfloat16 tensor with non-empty rows, once the kernels are built
+    in this process (nothing is built for this)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and bool(x.shape[-1])
+        and built_instruction_set.cache_info().currsize > 0
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1500,18 +1500,27 @@ int64_t argmax_row(const T* x, int64_t n) {
   return i;
 }
 
-// x [R, V] float32 or bfloat16, contiguous, V > 0 -> int64 [R]: each row's argmax as torch.argmax(x, -1) gives it.
-at::Tensor argmax(at::Tensor x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.is_contiguous(), "x must be a contiguous [R, V] tensor, V > 0");
-  const int64_t rows = x.size(0), n = x.size(1);
-  auto result = at::empty({rows}, x.options().dtype(at::kLong));
-  int64_t* out = result.data_ptr<int64_t>();
-  if (x.scalar_type() == at::kBFloat16) {
-    for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(x.data_ptr<c10::BFloat16>() + r * n, n);
-  } else {
-    TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32 or bfloat16");
-    for (int64_t r = 0; r < rows; ++r) out[r] = argmax_row(x.data_ptr<float>() + r * n, n);
+// xs[i] [R_i, V_i] float32 or bfloat16, contiguous, V_i > 0 -> int64 [R_0 + R_1 + ...]: each row's argmax as
+// torch.argmax(x, -1) gives it, the rows of xs[0], then of xs[1], ... Rows go to threads (each row's answer is its
+// own): the engine asks for every greedy request's verification rows of a step in one call.
+at::Tensor argmax(std::vector<at::Tensor> xs) {
+  std::vector<std::pair<int64_t, int64_t>> rows;  // (tensor, row)
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const at::Tensor& x = xs[i];
+    TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.is_contiguous(), "each x must be a contiguous [R, V] tensor, V > 0");
+    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be float32 or bfloat16");
+    for (int64_t r = 0; r < x.size(0); ++r) rows.emplace_back(static_cast<int64_t>(i), r);
   }
+  auto result = at::empty({static_cast<int64_t>(rows.size())}, at::TensorOptions().dtype(at::kLong));
+  int64_t* out = result.data_ptr<int64_t>();
+  at::parallel_for(0, static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const at::Tensor& x = xs[rows[i].first];
+      const int64_t n = x.size(1), offset = rows[i].second * n;
+      out[i] = x.scalar_type() == at::kBFloat16 ? argmax_row(x.data_ptr<c10::BFloat16>() + offset, n)
+                                                : argmax_row(x.data_ptr<float>() + offset, n);
+    }
+  });
   return result;
 }
 
@@ -1796,7 +1805,7 @@ TORCH_LIBRARY(quickdraft, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin_signed) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
-  m.def("argmax(Tensor x) -> Tensor");
+  m.def("argmax(Tensor[] xs) -> Tensor");
   m.def("softmax(Tensor x, float temperature) -> Tensor");
 }
 
