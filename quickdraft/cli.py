@@ -27,8 +27,9 @@ COMMANDS = {
 
 def build_parser(commands: Collection[str] = COMMANDS) -> argparse.ArgumentParser:
     """The CLI's parser, with the arguments of `commands` (default all); the others only listed, with their help
-    line. A command's module is imported only here: most import torch and transformers (seconds), which
-    `quickdraft --help`, `models list` and `bench-serve` never need."""
+    line. A command's module is imported only here, and every one but distill's (whose defaults come from the
+    training code) imports torch and transformers (seconds) only when the command runs: help, usage errors,
+    `models list` and `bench-serve` never wait for them."""
     parser = argparse.ArgumentParser(
         prog="quickdraft", description="Lossless speculative decoding: faster generation, identical output."
     )

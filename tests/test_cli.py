@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.cli import main
+from quickdraft.cli import COMMANDS, main
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters.head.files import save_head
 from quickdraft.drafters.head.identity import target_identity
@@ -218,6 +218,25 @@ def test_an_answer_that_ends_at_once_says_why(tiny_dirs, tiny_models, tmp_path, 
         note = capsys.readouterr().err
         assert "quickdraft: the model ended its answer at once (end of sequence), so there is no text" in note, note
         assert hint in note, note
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["--help"], 0),
+        *[([command, "--help"], 0) for command in COMMANDS if command != "distill"],
+        (["generate", "--k", "x", "hello"], 2),
+        (["serve", "--max-batch", "many"], 2),
+    ],
+)
+def test_help_and_usage_errors_wait_for_neither_torch_nor_transformers(argv, code):
+    """Every command's module imports the model stack (seconds of start-up) only when the command runs: help and a
+    mistyped flag answer at once. distill's defaults come from its training code, so its help still loads it."""
+    blocked = "import sys, runpy; sys.modules.update(torch=None, transformers=None); "
+    run = "sys.argv = ['quickdraft', *sys.argv[1:]]; runpy.run_module('quickdraft', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", blocked + run, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert "usage: quickdraft" in done.stdout + done.stderr and "Traceback" not in done.stderr
 
 
 def test_generating_needs_no_web_framework(tiny_dirs):

@@ -15,14 +15,17 @@ import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from quickdraft.commands.arguments import add_batch_arguments, add_model_arguments, load_engine
 from quickdraft.config import SamplingParams
-from quickdraft.engine import Engine, Failed, Finished
 from quickdraft.errors import UsageError
-from quickdraft.text import Messages
+
+if TYPE_CHECKING:  # the engine (torch, transformers) is imported when the command runs: --help and usage errors at once
+    from quickdraft.engine import Engine
+    from quickdraft.text import Messages
 
 LINE_FIELDS = {"prompt", "messages", "id", "max_tokens", "temperature", "top_p", "seed"}
 
@@ -31,7 +34,7 @@ LINE_FIELDS = {"prompt", "messages", "id", "max_tokens", "temperature", "top_p",
 class BatchLine:
     """One input line, checked."""
 
-    prompt: str | Messages
+    prompt: "str | Messages"
     params: SamplingParams
     id: object = None
 
@@ -94,8 +97,10 @@ def _parse(raw: str, defaults: SamplingParams, where: str) -> BatchLine:
     return BatchLine(prompt, params, item.get("id"))
 
 
-def write_results(engine: Engine, lines: list[BatchLine], prompts: list[list[int]], out: Path) -> int:
+def write_results(engine: "Engine", lines: list[BatchLine], prompts: list[list[int]], out: Path) -> int:
     """Run every prompt, writing each result as it finishes; returns how many failed."""
+    from quickdraft.engine import Failed, Finished
+
     failures = 0
     with out.open("w", encoding="utf-8") as sink, tqdm(total=len(lines), unit="req", desc="batch") as progress:
         for index, event in engine.stream_many(prompts, [line.params for line in lines]):

@@ -5,17 +5,16 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from quickdraft.bench import adaptive, adaptive_report
 from quickdraft.bench.dataset import Prompt, load_prompts, select_prompts
 from quickdraft.commands.arguments import add_prompts_argument, add_runtime_arguments, comma_list
 from quickdraft.config import DEFAULT_MODEL, SpecConfig
-from quickdraft.engine import Engine
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import load_model_dir
 from quickdraft.models.store import cache_dir, local_model_dir
+
+if TYPE_CHECKING:  # the engine (torch, transformers) is imported when the command runs: --help and usage errors at once
+    from quickdraft.engine import Engine
 
 RANDOM_DRAFT = "random-draft"
 
@@ -71,6 +70,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from quickdraft.bench import adaptive, adaptive_report
+    from quickdraft.engine import Engine
+    from quickdraft.models.loading import load_model_dir
+
     cases = args.cases
     if not set(cases) <= {"safety", "quality"}:
         raise UsageError(f"--cases must name safety and/or quality, got {','.join(cases)!r}")
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_case(
     case: str,
-    engine: Engine,
+    engine: "Engine",
     target_dir: Path,
     dataset: list[Prompt],
     args: argparse.Namespace,
@@ -123,6 +128,8 @@ def _run_case(
     drafters: list[str],
 ) -> tuple[list, dict]:
     """The case's trials, and the engine's cost model at its start and end."""
+    from quickdraft.bench import adaptive
+
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if case == "safety":
         draft_dir = adaptive.random_draft_dir(target_dir, cache_dir() / "bench", args.draft_layers)  # built once

@@ -5,8 +5,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from quickdraft.commands.arguments import (
     add_device_argument,
     add_prompts_argument,
@@ -17,7 +15,6 @@ from quickdraft.commands.arguments import (
 )
 from quickdraft.config import DEFAULT_MODEL
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import check_device
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +93,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import method_table
     from quickdraft.bench.summary import OVERALL
+    from quickdraft.models.loading import check_device
 
     if not args.from_results:
         check_device(args.device)  # before --out is created
@@ -120,6 +118,7 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
 
 
 def _measure(args: argparse.Namespace) -> dict:
+    import torch
     from transformers.utils import logging as transformers_logging
 
     from quickdraft.bench.runner import BenchConfig, run_bench

@@ -3,15 +3,13 @@
 import argparse
 from pathlib import Path
 
-import torch
-
 from quickdraft.bench.dataset import load_prompts, select_prompts
 from quickdraft.bench.llama_cpp import llama_bench, llama_server
-from quickdraft.bench.runtime import run_runtime_bench
 from quickdraft.commands.arguments import add_device_argument, add_prompts_argument, comma_list
+from quickdraft.config import DTYPES
 from quickdraft.errors import UsageError
-from quickdraft.models.loading import check_device
-from quickdraft.models.native import NATIVE_DTYPES
+
+NATIVE_DTYPE_NAMES = tuple(dtype for dtype in DTYPES if dtype != "auto")  # `models.native.NATIVE_DTYPES`' names
 
 BUILT_IN_MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 
@@ -29,7 +27,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--dtypes",
         default=[],
         type=comma_list,
-        help=f"comma list of native dtypes to measure besides float32 and the default ({','.join(NATIVE_DTYPES)})",
+        help=f"comma list of native dtypes to measure besides float32 and the default ({','.join(NATIVE_DTYPE_NAMES)})",
     )
     add_prompts_argument(
         parser,
@@ -55,8 +53,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if unknown := [d for d in args.dtypes if d not in NATIVE_DTYPES]:
-        raise UsageError(f"unknown native dtypes {', '.join(unknown)}; choose from {', '.join(NATIVE_DTYPES)}")
+    import torch
+
+    from quickdraft.bench.runtime import run_runtime_bench
+    from quickdraft.models.loading import check_device
+
+    if unknown := [d for d in args.dtypes if d not in NATIVE_DTYPE_NAMES]:
+        raise UsageError(f"unknown native dtypes {', '.join(unknown)}; choose from {', '.join(NATIVE_DTYPE_NAMES)}")
     check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -3,12 +3,15 @@
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from quickdraft.commands.arguments import add_model_arguments, load_engine
 from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.engine import Engine, Finished, TextDelta
 from quickdraft.errors import UsageError
 from quickdraft.stats import GenerationStats
+
+if TYPE_CHECKING:  # the engine (torch, transformers) is imported when the command runs: --help and usage errors at once
+    from quickdraft.engine import Engine, Finished
 
 WARMUP_TOKENS = 4  # a short untimed run first, so neither timed run pays one-time start-up costs
 
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def empty_answer_note(result: Finished, chat: bool, has_template: bool) -> str | None:
+def empty_answer_note(result: "Finished", chat: bool, has_template: bool) -> str | None:
     """Why nothing was printed, when nothing was (else None)."""
     if result.text:
         return None
@@ -106,7 +109,9 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def _stream_to_stdout(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Finished:
+def _stream_to_stdout(engine: "Engine", prompt_ids: list[int], params: SamplingParams) -> "Finished":
+    from quickdraft.engine import TextDelta
+
     for event in engine.stream(prompt_ids, params):
         if isinstance(event, TextDelta):
             sys.stdout.write(event.text)
@@ -117,7 +122,7 @@ def _stream_to_stdout(engine: Engine, prompt_ids: list[int], params: SamplingPar
     raise AssertionError("stream ended without a Finished event")
 
 
-def _json_report(spec: SpecConfig, result: Finished, baseline: Finished | None) -> dict:
+def _json_report(spec: SpecConfig, result: "Finished", baseline: "Finished | None") -> dict:
     report = {
         "text": result.text,
         "finish_reason": result.finish_reason,
@@ -139,7 +144,7 @@ def _speedup(spec: GenerationStats, baseline: GenerationStats) -> float:
     return spec.tokens_per_second / baseline.tokens_per_second if baseline.tokens_per_second else 0.0
 
 
-def _print_report(spec: SpecConfig, result: Finished, baseline: Finished | None) -> None:
+def _print_report(spec: SpecConfig, result: "Finished", baseline: "Finished | None") -> None:
     stats = result.stats
     positions = " ".join(f"{rate:.2f}" for rate in stats.acceptance_by_position) or "-"
     lines = [

@@ -14,14 +14,11 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from quickdraft.commands.arguments import add_batch_arguments, add_model_arguments, load_engine
 from quickdraft.config import SpecConfig
-from quickdraft.engine import Engine
 from quickdraft.errors import ModelError, UsageError
-from quickdraft.models.loading import check_device
 from quickdraft.models.registry import default_drafter
 from quickdraft.server.settings import (
     DEFAULT_MAX_TOKENS,
@@ -30,6 +27,11 @@ from quickdraft.server.settings import (
     allowed_hosts_for,
     is_loopback,
 )
+
+if TYPE_CHECKING:  # torch and the engine are imported when the command runs: --help and usage errors at once
+    import torch
+
+    from quickdraft.engine import Engine
 
 STREAM_END_MARGIN = 1.0  # seconds before --shutdown-timeout runs out at which unfinished jobs are cancelled
 
@@ -101,6 +103,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn  # imported here: the other commands need neither uvicorn nor FastAPI
 
+    from quickdraft.models.loading import check_device
     from quickdraft.server.app import create_app, end_jobs
     from quickdraft.server.protocol import GuardedH11Protocol
 
@@ -176,7 +179,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     )
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
+def build_engine(args: argparse.Namespace) -> "Engine":
     """The engine for --model (built-in name, local directory, .gguf file or hub id), refused when its KV cache
     slots could outgrow the memory this machine has available."""
     engine = load_engine(args, args.max_batch, args.step_tokens)
@@ -184,7 +187,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     return engine
 
 
-def _kv_memory_line(engine: Engine) -> str:
+def _kv_memory_line(engine: "Engine") -> str:
     """What the KV cache slots take at most; UsageError when that exceeds the memory available."""
     per_slot, slots = engine.kv_bytes_per_slot(), engine.max_batch
     context = engine.target.info.max_context
@@ -205,9 +208,11 @@ def _kv_memory_line(engine: Engine) -> str:
     return line
 
 
-def _available_memory(device: torch.device) -> int | None:
+def _available_memory(device: "torch.device") -> int | None:
     """Bytes free where the KV cache lives: the GPU's free memory on a GPU, else MemAvailable (Linux), or None
     where it cannot be read."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
