@@ -3,22 +3,43 @@ seconds of those in steps that also read a prompt chunk), the rest (drafting, pl
 step, and where the draft rows went (steps that also read a prompt chunk, or not).
 
     python scripts/engine_overhead.py --drafters ngram+head,ngram,none --requests 16 --rounds 2 --threads 2
+    python scripts/engine_overhead.py --drafters none,ngram+corpus --requests 48 --max-batch 16 --parts
+
+`--parts` also says where the rest goes: wall-clock milliseconds a step in each part outside the forward
+(admitting, planning and drafting, the step's greedy argmax, verification and its pieces, finishing), timed by
+wrapping the engine's methods (nested parts, indented, are inside their parent's figure; each wrapper adds about a
+microsecond a call, so the figures are upper bounds).
 
 Submits the first prompt of each dev-file category (cycled up to `--requests`) at once to an `Engine` with
 `--requests` slots (or `--max-batch`: the rest wait for a free slot, as a closed loop of that many streams would),
 steps it until every request is done (greedy unless `--temperature`, `--max-tokens` each), once to warm up and then
 `--rounds` times per drafter, the drafters interleaved round by round. BENCHMARKS.md ("One 4-bit kernel for every
-row count", "Speculation under load", "Prompt blocks on fused attention") and docs/native_runtime.md (stop 42)
-quote it.
+row count", "Speculation under load", "Prompt blocks on fused attention", stop 63's serving rounds) and
+docs/native_runtime.md (stop 42) quote it.
 """
 
 import argparse
 import json
 import time
+from collections import defaultdict
 from dataclasses import replace
 
+import quickdraft.engine as engine_module
+from quickdraft import running
 from quickdraft.config import SamplingParams
+from quickdraft.controller import AdaptiveController
 from quickdraft.engine import Engine, Finished
+from quickdraft.output import RequestOutput
+
+PARTS = (  # (owner, method, label) of `--parts`, in the order printed
+    (Engine, "_admit", "admitting requests"),
+    (Engine, "_parts", "planning and drafting (prompt chunks, controllers, drafters)"),
+    (engine_module, "argmax_each", "greedy argmax of every verification"),
+    (running.RunningRequest, "take_verification", "verification"),
+    (AdaptiveController, "observe", "  controller learning"),
+    (RequestOutput, "commit", "  committing tokens and text"),
+    (Engine, "_collect", "finishing requests, gathering events"),
+)
 
 
 def main() -> None:
@@ -36,6 +57,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled, request i seeded i")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", action="store_true", help="also time each part of a step outside the forward")
     args = parser.parse_args()
     firsts = {}
     with open(args.prompts) as lines:
@@ -50,10 +72,15 @@ def main() -> None:
         for name in args.drafters.split(",")
     }
     params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature)
+    spent: dict[str, float] = defaultdict(float)  # seconds in each of PARTS over the latest run
+    if args.parts:
+        for owner, method, label in PARTS:
+            _time_calls(owner, method, label, spent)
     for engine in engines.values():
         run(engine, prompts, params)  # warm-up: kernels, calibration, caches
     for round_ in range(1, args.rounds + 1):
         for name, engine in engines.items():
+            spent.clear()
             total, forwards, steps, per_kind, accepted = run(engine, prompts, params)
             print(
                 f"round {round_} {name:<8} total {total:.2f} s, target forwards {forwards:.2f} s "
@@ -62,6 +89,22 @@ def main() -> None:
                 f"{per_kind['chunk'][1]} in {per_kind['chunk'][0]} steps with a prompt chunk, "
                 f"{per_kind['decode'][1]} in {per_kind['decode'][0]} without; {accepted} of them accepted"
             )
+            for _, _, label in PARTS if args.parts else ():
+                print(f"  {1e3 * spent[label] / steps:7.3f} ms a step  {label}")
+
+
+def _time_calls(owner, method: str, label: str, spent: dict[str, float]) -> None:
+    """Replace owner.method by a wrapper that adds its calls' wall time to spent[label]."""
+    function = getattr(owner, method)
+
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[label] += time.perf_counter() - started
+
+    setattr(owner, method, timed)
 
 
 def run(
