@@ -10,8 +10,9 @@ import pytest
 from quickdraft.bench.llama_cpp import decode_tokens_per_second, greedy_continuations
 from quickdraft.bench.runtime import VERIFY_KS, top1_agreement
 from quickdraft.cli import main
+from quickdraft.commands.bench_runtime_cmd import NATIVE_DTYPE_NAMES
 from quickdraft.errors import UsageError
-from quickdraft.models.native import native_runner_for
+from quickdraft.models.native import NATIVE_DTYPES, native_runner_for
 from quickdraft.models.native.kernels import built_instruction_set
 from quickdraft.models.store import gguf_source
 from tests.test_bench import PROMPTS, write_jsonl
@@ -76,6 +77,13 @@ def test_a_missing_dev_prompt_file_is_a_usage_error_before_loading_anything(tmp_
     code = main(["bench-runtime", "--models", "smollm2-135m-instruct", "--prompts", str(tmp_path / "none.jsonl")])
     assert code == 2
     assert "cannot read dataset" in capsys.readouterr().err
+
+
+def test_an_unknown_dtype_is_a_usage_error_naming_the_native_ones(capsys):
+    """The command checks --dtypes against names it holds without importing the runtime: they must be the runtime's."""
+    assert NATIVE_DTYPE_NAMES == tuple(NATIVE_DTYPES)
+    assert main(["bench-runtime", "--dtypes", "int4"]) == 2
+    assert "unknown native dtypes int4; choose from float32, bfloat16, int8, gguf" in capsys.readouterr().err
 
 
 def fake_llama_bench(bin_dir: Path, script: str) -> Path:
